@@ -1,0 +1,26 @@
+"""The ``hlo-doctor`` command line: thin click commands over the library.
+
+Each command lives next to the stage it drives and is registered here.
+Errors in the user's input are reported as one line on stderr with exit 2.
+"""
+
+from __future__ import annotations
+
+import click
+
+from hlo_doctor import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hlo-doctor")
+def main() -> None:
+    """Diagnose sharding problems in XLA SPMD programs from HLO dumps."""
+
+
+def _register() -> None:
+    from hlo_doctor.commands import register_all
+
+    register_all(main)
+
+
+_register()

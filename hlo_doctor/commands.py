@@ -1,0 +1,18 @@
+"""Collects the click commands of each stage into the ``hlo-doctor`` group."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# (module, attribute) of every command; a module that is not there yet is skipped.
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("hlo_doctor.dump.cli", "ls_command"),
+)
+
+
+def register_all(group: click.Group) -> None:
+    for module_name, attribute in COMMANDS:
+        module = importlib.import_module(module_name)
+        group.add_command(getattr(module, attribute))

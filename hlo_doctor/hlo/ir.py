@@ -1,0 +1,538 @@
+"""The frozen IR that HLO text parses into.
+
+Every node is a frozen, slotted dataclass. Positions are 1-based ``line:col``
+into the text the module was parsed from, so findings and errors can point at
+the exact spot in a dump file.
+
+Attribute values the parser does not interpret are kept as raw text
+(:attr:`Instruction.attributes`), so a new XLA attribute never breaks a parse.
+The interpreted ones (sharding, metadata, replica groups, dimensions, channel
+id, called computations) are exposed as typed properties, parsed on first use
+and cached per distinct text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+# Bits per element of each XLA primitive type (xla_data.proto PrimitiveType).
+ELEMENT_BITS: Mapping[str, int] = {
+    "pred": 8,
+    "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
+    "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
+    "f4e2m1fn": 4, "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8,
+    "f8e4m3fnuz": 8, "f8e5m2": 8, "f8e5m2fnuz": 8, "f8e8m0fnu": 8,
+    "f16": 16, "bf16": 16, "f32": 32, "f64": 64,
+    "c64": 64, "c128": 128,
+    "token": 0, "opaque": 0, "tuple": 0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A 1-based line and column in the parsed text."""
+
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.col}"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A layout ``{minor_to_major:tiles...}``; only minor_to_major is interpreted."""
+
+    minor_to_major: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """An array, token or tuple shape.
+
+    ``dims`` are the (upper-bound) sizes; ``dynamic`` marks ``<=N`` bounded and
+    ``?`` unbounded dimensions. A tuple has ``element_type == "tuple"`` and its
+    elements in ``tuple_shapes``.
+    """
+
+    element_type: str
+    dims: tuple[int, ...] = ()
+    dynamic: tuple[bool, ...] = ()
+    layout: Layout | None = None
+    tuple_shapes: tuple[Shape, ...] = ()
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.element_type == "tuple"
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.dims)
+
+    @property
+    def byte_size(self) -> int:
+        """Bytes of the whole value (tuples: the sum of their leaves)."""
+        if self.is_tuple:
+            return sum(s.byte_size for s in self.tuple_shapes)
+        return (self.num_elements * ELEMENT_BITS.get(self.element_type, 0) + 7) // 8
+
+    def leaves(self) -> Iterator[Shape]:
+        """The array shapes of a tuple, depth first; an array yields itself."""
+        if self.is_tuple:
+            for element in self.tuple_shapes:
+                yield from element.leaves()
+        else:
+            yield self
+
+    def __str__(self) -> str:
+        if self.is_tuple:
+            return "(" + ", ".join(str(s) for s in self.tuple_shapes) + ")"
+        if self.element_type in ("token", "opaque"):
+            return f"{self.element_type}[]"
+        dims = ",".join(
+            (f"<={d}" if dyn else str(d)) if d >= 0 else "?"
+            for d, dyn in zip(self.dims, self.dynamic or (False,) * len(self.dims))
+        )
+        return f"{self.element_type}[{dims}]"
+
+
+# --------------------------------------------------------------------------
+# Shardings
+
+
+class ShardingKind(str, Enum):
+    REPLICATED = "replicated"
+    MANUAL = "manual"
+    UNKNOWN = "unknown"
+    MAXIMAL = "maximal"
+    TILED = "tiled"
+    TUPLE = "tuple"
+
+
+class SubgroupType(str, Enum):
+    """Kinds of the trailing tile dims listed in ``last_tile_dims={...}``."""
+
+    REPLICATED = "replicated"
+    MANUAL = "manual"
+    MAXIMAL = "maximal"
+    UNREDUCED = "unreduced"
+
+
+@dataclass(frozen=True, slots=True)
+class IotaDevices:
+    """``<=[reshape_dims]T(perm)``: iota(prod(reshape)) reshaped, transposed, flattened."""
+
+    reshape_dims: tuple[int, ...]
+    transpose_perm: tuple[int, ...] | None = None
+
+    def device_ids(self) -> tuple[int, ...]:
+        """The device ids in row-major order, exactly as XLA's IotaTileAssignment."""
+        dims = self.reshape_dims
+        perm = self.transpose_perm or tuple(range(len(dims)))
+        count = math.prod(dims)
+        strides = [1] * len(dims)
+        for axis in range(len(dims) - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * dims[axis + 1]
+        out_dims = [dims[p] for p in perm]
+        out_strides = [strides[p] for p in perm]
+        ids = [0]
+        for size, stride in zip(out_dims, out_strides):
+            ids = [base + i * stride for base in ids for i in range(size)]
+        assert len(ids) == count
+        return tuple(ids)
+
+    def __str__(self) -> str:
+        text = "<=[" + ",".join(map(str, self.reshape_dims)) + "]"
+        if self.transpose_perm is not None:
+            text += "T(" + ",".join(map(str, self.transpose_perm)) + ")"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class TileAssignment:
+    """The tile grid shape and the device in each tile (explicit list or iota)."""
+
+    dims: tuple[int, ...]
+    explicit: tuple[int, ...] | None = None
+    iota: IotaDevices | None = None
+
+    def device_ids(self) -> tuple[int, ...]:
+        """Device per tile, row-major over ``dims``."""
+        if self.explicit is not None:
+            return self.explicit
+        if self.iota is not None:
+            return self.iota.device_ids()
+        return tuple(range(math.prod(self.dims)))
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.dims)
+
+
+@dataclass(frozen=True, slots=True)
+class MeshAxis:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class NamedMesh:
+    """The v3 ``{mesh['a'=2,'b'=4], [{'a'}, {}], replicated={'b'}}`` form."""
+
+    axes: tuple[MeshAxis, ...]
+    dim_axes: tuple[tuple[str, ...], ...]
+    replicated_axes: tuple[str, ...] = ()
+    unreduced_axes: tuple[str, ...] = ()
+    device_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """A parsed ``sharding={...}`` value. ``text`` is the source text."""
+
+    kind: ShardingKind
+    tile_assignment: TileAssignment | None = None
+    last_tile_dim_replicate: bool = False
+    last_tile_dims: tuple[SubgroupType, ...] = ()
+    maximal_device: int | None = None
+    tuple_elements: tuple[Sharding, ...] = ()
+    shard_group: tuple[str, int] | None = None  # ("shard_as" | "shard_like", id)
+    metadata: tuple[OpMetadata, ...] = ()
+    named: NamedMesh | None = None
+    text: str = field(default="", compare=False)
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.kind is ShardingKind.TUPLE
+
+    @property
+    def is_replicated(self) -> bool:
+        if self.kind is ShardingKind.REPLICATED:
+            return True
+        if self.kind is ShardingKind.TILED and self.tile_assignment is not None:
+            return self.tile_assignment.num_devices == 1 or all(
+                d == 1 for d in self.data_tile_dims
+            )
+        return False
+
+    @property
+    def num_subgroup_dims(self) -> int:
+        if self.last_tile_dim_replicate:
+            return 1
+        return len(self.last_tile_dims)
+
+    @property
+    def data_tile_dims(self) -> tuple[int, ...]:
+        """Tiles per tensor dimension (the tile grid minus subgroup dims)."""
+        if self.tile_assignment is None:
+            return ()
+        dims = self.tile_assignment.dims
+        return dims[: len(dims) - self.num_subgroup_dims]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# --------------------------------------------------------------------------
+# Replica groups
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaGroups:
+    """``replica_groups=`` in any of its three spellings.
+
+    * explicit: ``{{0,1},{2,3}}``
+    * iota: ``[num_groups,group_size]<=[reshape]T(perm)``
+    * mesh: ``mesh['a'=2,'b'=4] {'a'}`` (groups over the named axes)
+    """
+
+    explicit: tuple[tuple[int, ...], ...] | None = None
+    iota_shape: tuple[int, int] | None = None
+    iota: IotaDevices | None = None
+    mesh_axes: tuple[MeshAxis, ...] = ()
+    mesh_selected: tuple[str, ...] = ()
+    text: str = field(default="", compare=False)
+
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Expand to explicit groups of logical ids (partition or replica ids)."""
+        if self.explicit is not None:
+            return self.explicit
+        if self.iota_shape is not None and self.iota is not None:
+            ids = self.iota.device_ids()
+            count, size = self.iota_shape
+            return tuple(tuple(ids[g * size : (g + 1) * size]) for g in range(count))
+        if self.mesh_axes:
+            return _mesh_groups(self.mesh_axes, self.mesh_selected)
+        return ()
+
+
+def _mesh_groups(
+    axes: tuple[MeshAxis, ...], selected: tuple[str, ...]
+) -> tuple[tuple[int, ...], ...]:
+    """Groups of a row-major device mesh that vary only along ``selected`` axes."""
+    names = [a.name for a in axes]
+    sizes = [a.size for a in axes]
+    other = [i for i, n in enumerate(names) if n not in selected]
+    chosen = [names.index(n) for n in selected]
+    perm = tuple(other + chosen)
+    group_size = math.prod(sizes[i] for i in chosen)
+    ids = IotaDevices(tuple(sizes), perm).device_ids()
+    return tuple(
+        tuple(ids[g : g + group_size]) for g in range(0, len(ids), group_size)
+    )
+
+
+# --------------------------------------------------------------------------
+# Metadata and source locations
+
+
+@dataclass(frozen=True, slots=True)
+class OpMetadata:
+    """``metadata={op_type=... op_name=... source_file=... source_line=...}``."""
+
+    op_type: str | None = None
+    op_name: str | None = None
+    source_file: str | None = None
+    source_line: int | None = None
+    source_end_line: int | None = None
+    source_column: int | None = None
+    stack_frame_id: int | None = None
+    text: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrame:
+    file: str
+    function: str
+    line: int
+    column: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """Where an op came from in the user's program.
+
+    ``frames`` is the whole chain, innermost first (as XLA's StackFrames table
+    links child to parent). ``file``/``line``/``function`` are the innermost.
+    """
+
+    file: str
+    line: int
+    function: str | None = None
+    column: int | None = None
+    frames: tuple[StackFrame, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrameTables:
+    """The ``FileNames``/``FunctionNames``/``FileLocations``/``StackFrames`` tables."""
+
+    file_names: Mapping[int, str]
+    function_names: Mapping[int, str]
+    # id -> (file_name_id, function_name_id, line, column)
+    file_locations: Mapping[int, tuple[int, int, int, int | None]]
+    # id -> (file_location_id, parent_frame_id)
+    stack_frames: Mapping[int, tuple[int, int]]
+
+    def resolve(self, frame_id: int) -> tuple[StackFrame, ...]:
+        """The frame chain from ``frame_id`` up to the root, innermost first."""
+        chain: list[StackFrame] = []
+        seen: set[int] = set()
+        current = frame_id
+        while current and current in self.stack_frames and current not in seen:
+            seen.add(current)
+            location_id, parent = self.stack_frames[current]
+            location = self.file_locations.get(location_id)
+            if location is not None:
+                file_id, function_id, line, column = location
+                chain.append(
+                    StackFrame(
+                        self.file_names.get(file_id, "?"),
+                        self.function_names.get(function_id, "?"),
+                        line,
+                        column,
+                    )
+                )
+            current = parent
+        return tuple(chain)
+
+
+# --------------------------------------------------------------------------
+# Instructions, computations, modules
+
+
+@dataclass(frozen=True, slots=True)
+class Instruction:
+    """One HLO instruction.
+
+    ``opcode`` is XLA's opcode string. Sugared async forms such as
+    ``fusion-start`` are ``async-start``/``async-update``/``async-done``, as in
+    XLA, with the printed spelling in ``printed_opcode``. ``attributes`` keeps
+    every ``key=value`` as raw text in source order; the typed properties below
+    interpret the ones that carry meaning for sharding analysis.
+    """
+
+    name: str
+    opcode: str
+    shape: Shape
+    operands: tuple[str, ...]
+    position: Position
+    is_root: bool = False
+    attributes: tuple[tuple[str, str], ...] = ()
+    called_computations: tuple[str, ...] = ()
+    printed_opcode: str | None = None
+    literal: str | None = None  # the text inside parameter(...) / constant(...)
+    frame_tables: StackFrameTables | None = field(default=None, compare=False, repr=False)
+
+    def attribute(self, key: str) -> str | None:
+        """The raw text of attribute ``key``, or None."""
+        for name, value in self.attributes:
+            if name == key:
+                return value
+        return None
+
+    @property
+    def parameter_number(self) -> int | None:
+        if self.opcode != "parameter" or self.literal is None:
+            return None
+        return int(self.literal)
+
+    @property
+    def sharding(self) -> Sharding | None:
+        text = self.attribute("sharding")
+        if text is None:
+            return None
+        from hlo_doctor.hlo.attributes import parse_sharding
+
+        return parse_sharding(text)
+
+    @property
+    def metadata(self) -> OpMetadata | None:
+        text = self.attribute("metadata")
+        if text is None:
+            return None
+        from hlo_doctor.hlo.attributes import parse_metadata
+
+        return parse_metadata(text)
+
+    @property
+    def replica_groups(self) -> ReplicaGroups | None:
+        text = self.attribute("replica_groups")
+        if text is None:
+            return None
+        from hlo_doctor.hlo.attributes import parse_replica_groups
+
+        return parse_replica_groups(text)
+
+    @property
+    def source_pairs(self) -> tuple[tuple[int, int], ...] | None:
+        text = self.attribute("source_target_pairs")
+        if text is None:
+            return None
+        from hlo_doctor.hlo.attributes import parse_int_lists
+
+        return tuple((a, b) for a, b in parse_int_lists(text))
+
+    @property
+    def dimensions(self) -> tuple[int, ...] | None:
+        text = self.attribute("dimensions")
+        if text is None:
+            return None
+        from hlo_doctor.hlo.attributes import parse_int_list
+
+        return parse_int_list(text)
+
+    @property
+    def channel_id(self) -> int | None:
+        text = self.attribute("channel_id")
+        return int(text) if text is not None else None
+
+    @property
+    def backend_config(self) -> str | None:
+        return self.attribute("backend_config")
+
+    @property
+    def source(self) -> SourceLocation | None:
+        """Where the op came from: inline source_file/line or a stack frame chain."""
+        metadata = self.metadata
+        if metadata is None:
+            return None
+        if metadata.stack_frame_id and self.frame_tables is not None:
+            frames = self.frame_tables.resolve(metadata.stack_frame_id)
+            if frames:
+                top = frames[0]
+                return SourceLocation(top.file, top.line, top.function, top.column, frames)
+        if metadata.source_file is not None and metadata.source_line is not None:
+            frame = StackFrame(metadata.source_file, "", metadata.source_line, metadata.source_column)
+            return SourceLocation(
+                metadata.source_file, metadata.source_line, None, metadata.source_column, (frame,)
+            )
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Computation:
+    name: str
+    instructions: tuple[Instruction, ...]
+    position: Position
+    is_entry: bool = False
+    parameter_shapes: tuple[Shape, ...] = ()
+    execution_thread: str | None = None
+    by_name: Mapping[str, Instruction] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def root(self) -> Instruction | None:
+        for instruction in self.instructions:
+            if instruction.is_root:
+                return instruction
+        return self.instructions[-1] if self.instructions else None
+
+    def parameters(self) -> list[Instruction]:
+        """Parameters ordered by their parameter number."""
+        params = [i for i in self.instructions if i.opcode == "parameter"]
+        return sorted(params, key=lambda i: i.parameter_number or 0)
+
+    def get(self, name: str) -> Instruction | None:
+        return self.by_name.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class HloModule:
+    name: str
+    computations: tuple[Computation, ...]
+    entry_name: str | None
+    attributes: tuple[tuple[str, str], ...] = ()
+    frame_tables: StackFrameTables | None = field(default=None, compare=False, repr=False)
+    path: str | None = None
+
+    @property
+    def entry(self) -> Computation | None:
+        for computation in self.computations:
+            if computation.name == self.entry_name or computation.is_entry:
+                return computation
+        return self.computations[-1] if self.computations else None
+
+    def computation(self, name: str) -> Computation | None:
+        for computation in self.computations:
+            if computation.name == name:
+                return computation
+        return None
+
+    def attribute(self, key: str) -> str | None:
+        for name, value in self.attributes:
+            if name == key:
+                return value
+        return None
+
+    def instructions(self) -> Iterator[tuple[Computation, Instruction]]:
+        for computation in self.computations:
+            for instruction in computation.instructions:
+                yield computation, instruction
