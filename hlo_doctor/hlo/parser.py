@@ -1,0 +1,733 @@
+"""HLO text -> :class:`~hlo_doctor.hlo.ir.HloModule`.
+
+The grammar reads top-down: module header, the optional stack-frame tables,
+then computations made of instructions. Instruction headers (name, shape,
+opcode, operands) are parsed eagerly; attribute values are split off as raw
+text and interpreted on demand by :mod:`hlo_doctor.hlo.attributes`.
+
+Speed comes from regexes that jump over whole tokens and balanced groups, and
+from caching shapes by text. Every error is a :class:`ParseError` at
+``path:line:col``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.hlo.ir import (
+    ELEMENT_BITS,
+    Computation,
+    HloModule,
+    Instruction,
+    Position,
+    Shape,
+    StackFrameTables,
+)
+from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, OPCODES
+from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
+
+_SPACE = re.compile(r"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
+_NAME = re.compile(r"%?([A-Za-z0-9_][\w.\-]*)")
+_ATTR_KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
+_ARRAY_START = re.compile(r"([a-z][a-z0-9]*)\s*\[|(b)\(")
+_OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACE_EVENT = re.compile(r'[{}"]')
+_BARE_VALUE_EVENT = re.compile(r'[\s,{}()\[\]"]')
+_TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"(?:[^\"\\]|\\.)*\"|\{[^}\n]*\})")
+_TABLE_FIELD = re.compile(r"(\w+)=(-?\d+)")
+
+TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+# Attributes whose value names called computations.
+CALLED_COMPUTATION_KEYS = frozenset(
+    {
+        "to_apply",
+        "calls",
+        "body",
+        "condition",
+        "branch_computations",
+        "true_computation",
+        "false_computation",
+        "called_computations",
+        "select",
+        "scatter",
+        "comparator",
+    }
+)
+# Ops that take a literal, not operands, between their parentheses.
+LITERAL_OPCODES = frozenset({"constant", "parameter"})
+# Ops whose result shape XLA infers as "same as operand 0" when the text omits it.
+_SAME_AS_OPERAND = frozenset(
+    {
+        "abs", "add", "and", "atan2", "cbrt", "ceil", "copy", "cosine", "divide",
+        "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
+        "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "power",
+        "remainder", "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "subtract",
+        "tan", "tanh", "xor", "opt-barrier", "all-reduce", "collective-permute",
+        "bitcast", "reduce-precision", "clamp", "select",
+    }
+)
+UNKNOWN_SHAPE = Shape("unknown")
+
+
+class _Scope:
+    """Instructions of the computation being parsed, in order."""
+
+    __slots__ = ("instructions", "shapes", "async_starts")
+
+    def __init__(self) -> None:
+        self.instructions: list[Instruction] = []
+        self.shapes: dict[str, Shape] = {}
+        self.async_starts: dict[str, tuple[str, ...]] = {}
+
+
+class Parser:
+    """A single-use parser over one module's text."""
+
+    def __init__(self, text: str, path: str | None = None) -> None:
+        self.text = text
+        self.path = path
+        self.pos = 0
+        self.computations: list[Computation] = []
+        self.frame_tables: StackFrameTables | None = None
+        self._line = 1
+        self._line_offset = 0  # offset of the text already counted into _line
+        self._line_start = 0  # offset where line _line starts
+        self._synthetic = 0
+
+    # -- positions and errors -------------------------------------------------
+
+    def position(self, offset: int) -> Position:
+        """Line:col of ``offset``; amortized O(1) for increasing offsets."""
+        if offset < self._line_offset:
+            self._line, self._line_offset, self._line_start = 1, 0, 0
+        newlines = self.text.count("\n", self._line_offset, offset)
+        if newlines:
+            self._line += newlines
+            self._line_start = self.text.rfind("\n", self._line_offset, offset) + 1
+        self._line_offset = offset
+        return Position(self._line, offset - self._line_start + 1)
+
+    def error(self, message: str, offset: int | None = None) -> ParseError:
+        return ParseError.at(self.text, self.pos if offset is None else offset, message, path=self.path)
+
+    def skip_space(self) -> int:
+        self.pos = _SPACE.match(self.text, self.pos).end()
+        return self.pos
+
+    def peek(self) -> str:
+        self.skip_space()
+        return self.text[self.pos : self.pos + 1]
+
+    def expect(self, token: str, what: str = "") -> None:
+        self.skip_space()
+        if not self.text.startswith(token, self.pos):
+            found = self.text[self.pos : self.pos + 20].split("\n", 1)[0] or "end of input"
+            raise self.error(f"expected '{token}'{what}, found '{found}'")
+        self.pos += len(token)
+
+    def parse_optional_keyword(self, word: str) -> bool:
+        self.skip_space()
+        end = self.pos + len(word)
+        if self.text.startswith(word, self.pos) and (
+            end >= len(self.text) or not (self.text[end].isalnum() or self.text[end] in "_.-")
+        ):
+            self.pos = end
+            return True
+        return False
+
+    def parse_name(self, what: str = "a name") -> str:
+        self.skip_space()
+        m = _NAME.match(self.text, self.pos)
+        if m is None:
+            raise self.error(f"expected {what}")
+        self.pos = m.end()
+        return m.group(1)
+
+    # -- module -------------------------------------------------------------------
+
+    def parse_module(self) -> HloModule:
+        self.skip_space()
+        if not self.parse_optional_keyword("HloModule"):
+            raise self.error("expected 'HloModule' at the start of the module")
+        name = self.parse_name("a module name")
+        if self.peek() == ":":
+            self.pos += 1
+        attributes = self.parse_attributes()
+        self.parse_frame_tables()
+        entry_name: str | None = None
+        while self.peek():
+            is_entry, computation = self.parse_computation()
+            if is_entry:
+                if entry_name is not None:
+                    raise self.error("more than one ENTRY computation", computation_offset(self, computation))
+                entry_name = computation.name
+        if not self.computations:
+            raise self.error("module has no computations")
+        if entry_name is None:
+            entry_name = self.computations[-1].name
+        return HloModule(
+            name=name,
+            computations=tuple(self.computations),
+            entry_name=entry_name,
+            attributes=tuple(attributes),
+            frame_tables=self.frame_tables,
+            path=self.path,
+        )
+
+    def parse_frame_tables(self) -> None:
+        tables: dict[str, dict[int, object]] = {}
+        while True:
+            self.skip_space()
+            for table in TABLE_NAMES:
+                if self.parse_optional_keyword(table):
+                    tables[table] = self.parse_table_rows(table)
+                    break
+            else:
+                break
+        if not tables:
+            return
+        file_locations = {}
+        for key, fields in tables.get("FileLocations", {}).items():
+            assert isinstance(fields, dict)
+            file_locations[key] = (
+                fields.get("file_name_id", 0),
+                fields.get("function_name_id", 0),
+                fields.get("line", 0),
+                fields.get("column"),
+            )
+        stack_frames = {}
+        for key, fields in tables.get("StackFrames", {}).items():
+            assert isinstance(fields, dict)
+            stack_frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
+        self.frame_tables = StackFrameTables(
+            file_names=tables.get("FileNames", {}),  # type: ignore[arg-type]
+            function_names=tables.get("FunctionNames", {}),  # type: ignore[arg-type]
+            file_locations=file_locations,
+            stack_frames=stack_frames,
+        )
+
+    def parse_table_rows(self, table: str) -> dict[int, object]:
+        rows: dict[int, object] = {}
+        while True:
+            self.skip_space()
+            m = _TABLE_ROW.match(self.text, self.pos)
+            if m is None:
+                return rows
+            self.pos = m.end()
+            value = m.group(2)
+            if value.startswith('"'):
+                rows[int(m.group(1))] = unescape(value[1:-1])
+            else:
+                rows[int(m.group(1))] = {k: int(v) for k, v in _TABLE_FIELD.findall(value)}
+
+    # -- computations -------------------------------------------------------------
+
+    def parse_computation(self) -> tuple[bool, Computation]:
+        start = self.skip_space()
+        is_entry = self.parse_optional_keyword("ENTRY")
+        name = self.parse_name("a computation name")
+        parameter_shapes: list[Shape] = []
+        if self.peek() == "(":
+            parameter_shapes = self.parse_signature()
+        if self.peek() != "{":
+            raise self.error(f"expected '{{' to open computation '{name}'")
+        computation = self.parse_computation_body(name, start, is_entry, parameter_shapes)
+        return is_entry, computation
+
+    def parse_signature(self) -> list[Shape]:
+        """``(p0: f32[2], p1: s32[]) -> f32[2]``; returns the parameter shapes."""
+        self.expect("(")
+        shapes: list[Shape] = []
+        if self.peek() != ")":
+            while True:
+                self.parse_name("a parameter name")
+                if self.peek() == ":":
+                    self.pos += 1
+                shapes.append(self.parse_shape())
+                if self.peek() == ",":
+                    self.pos += 1
+                    continue
+                break
+        self.expect(")")
+        self.expect("->")
+        self.parse_shape()
+        return shapes
+
+    def parse_computation_body(
+        self, name: str, start: int, is_entry: bool, parameter_shapes: list[Shape]
+    ) -> Computation:
+        self.expect("{")
+        scope = _Scope()
+        while True:
+            c = self.peek()
+            if c == "}":
+                self.pos += 1
+                break
+            if not c:
+                raise self.error(f"unterminated computation '{name}': missing '}}'")
+            self.parse_instruction(scope)
+        execution_thread = None
+        save = self.pos
+        if self.peek() == ",":
+            self.pos += 1
+            if self.parse_optional_keyword("execution_thread"):
+                self.expect("=")
+                execution_thread = unescape(self.parse_string()[1:-1])
+            else:
+                self.pos = save
+        computation = make_computation(
+            name, scope, self.position(start), is_entry, tuple(parameter_shapes), execution_thread
+        )
+        self.computations.append(computation)
+        return computation
+
+    # -- instructions ---------------------------------------------------------------
+
+    def parse_instruction(self, scope: _Scope) -> str:
+        start = self.pos
+        is_root = self.parse_optional_keyword("ROOT")
+        name = self.parse_name("an instruction name")
+        if name in scope.shapes:
+            raise self.error(f"instruction '{name}' is already defined in this computation", start)
+        self.expect("=", f" after instruction name '{name}'")
+        self.skip_space()
+        shape_text = None
+        if self.at_shape():
+            shape_text = self.scan_shape_text()
+        self.skip_space()
+        m = _OPCODE.match(self.text, self.pos)
+        if m is None:
+            raise self.error("expected an opcode followed by '('")
+        opcode = m.group(1)
+        opcode_offset = self.pos
+        self.pos = m.end()
+        literal = None
+        operands: tuple[str, ...]
+        if opcode in LITERAL_OPCODES:
+            literal = self.scan_literal()
+            operands = ()
+        else:
+            operands = self.parse_operands(scope)
+        attributes = self.parse_attributes(scope, owner=name)
+        return self.add_instruction(
+            scope, name, opcode, opcode_offset, shape_text, operands, attributes, literal, is_root, start
+        )
+
+    def add_instruction(
+        self,
+        scope: _Scope,
+        name: str,
+        opcode: str,
+        opcode_offset: int,
+        shape_text: str | None,
+        operands: tuple[str, ...],
+        attributes: list[tuple[str, str]],
+        literal: str | None,
+        is_root: bool,
+        start: int,
+    ) -> str:
+        shape = self.interpret_shape(shape_text) if shape_text is not None else None
+        printed_opcode = None
+        if opcode not in OPCODES:
+            opcode, printed_opcode = self.desugar_async(opcode, opcode_offset)
+        if shape is None:
+            shape = infer_shape(opcode, operands, attributes, scope)
+        called = called_computation_names(attributes)
+        if printed_opcode is not None:
+            called = self.wrap_async(scope, name, opcode, printed_opcode, shape, operands, attributes, called)
+            attributes = [(k, v) for k, v in attributes if k in _ASYNC_WRAPPER_KEYS]
+        instruction = Instruction(
+            name=name,
+            opcode=opcode,
+            shape=shape,
+            operands=operands,
+            position=self.position(start),
+            is_root=is_root,
+            attributes=tuple(attributes),
+            called_computations=called,
+            printed_opcode=printed_opcode,
+            literal=literal,
+            frame_tables=self.frame_tables,
+        )
+        scope.instructions.append(instruction)
+        scope.shapes[name] = shape
+        return name
+
+    def desugar_async(self, opcode: str, offset: int) -> tuple[str, str]:
+        for suffix, async_opcode in ASYNC_SUFFIXES:
+            if opcode.endswith(suffix) and opcode[: -len(suffix)] in OPCODES:
+                return async_opcode, opcode
+        raise self.error(f"unknown opcode '{opcode}'", offset)
+
+    def wrap_async(
+        self,
+        scope: _Scope,
+        name: str,
+        opcode: str,
+        printed_opcode: str,
+        shape: Shape,
+        operands: tuple[str, ...],
+        attributes: list[tuple[str, str]],
+        called: tuple[str, ...],
+    ) -> tuple[str, ...]:
+        """Sugared ``<op>-start``: build the wrapped computation XLA would build."""
+        if opcode != "async-start":
+            # -update / -done continue the chain of their operand.
+            for operand in operands:
+                if operand in scope.async_starts:
+                    scope.async_starts[name] = scope.async_starts[operand]
+                    return scope.async_starts[operand]
+            return called
+        wrapped_opcode = printed_opcode[: -len("-start")]
+        inner = _Scope()
+        params = []
+        for index, operand in enumerate(operands):
+            param_name = f"{name}.async_param.{index}"
+            operand_shape = scope.shapes.get(operand, UNKNOWN_SHAPE)
+            inner.instructions.append(
+                Instruction(
+                    name=param_name,
+                    opcode="parameter",
+                    shape=operand_shape,
+                    operands=(),
+                    position=self.position(self.pos),
+                    literal=str(index),
+                )
+            )
+            inner.shapes[param_name] = operand_shape
+            params.append(param_name)
+        result_shape = shape.tuple_shapes[1] if shape.is_tuple and len(shape.tuple_shapes) > 1 else shape
+        inner_attributes = [(k, v) for k, v in attributes if k not in _ASYNC_WRAPPER_KEYS]
+        inner.instructions.append(
+            Instruction(
+                name=f"{name}.async_op",
+                opcode=wrapped_opcode,
+                shape=result_shape,
+                operands=tuple(params),
+                position=self.position(self.pos),
+                is_root=True,
+                attributes=tuple(inner_attributes),
+                called_computations=called,
+                frame_tables=self.frame_tables,
+            )
+        )
+        wrapped_name = f"{name}.async_wrapped"
+        self.computations.append(
+            make_computation(wrapped_name, inner, self.position(self.pos), False, (), None)
+        )
+        scope.async_starts[name] = (wrapped_name,)
+        return (wrapped_name,)
+
+    def interpret_shape(self, shape_text: tuple[int, int] | str) -> Shape:
+        start, end = shape_text  # type: ignore[misc]
+        try:
+            return shape_from_text(self.text[start:end])
+        except ShapeSyntaxError as error:
+            raise self.error(error.message, start + error.offset) from None
+
+    def scan_shape_text(self) -> tuple[int, int]:  # type: ignore[override]
+        start = self.pos
+        try:
+            end = scan_shape(self.text, start)
+        except ShapeSyntaxError as error:
+            raise self.error(error.message, error.offset) from None
+        self.pos = end
+        return (start, end)  # type: ignore[return-value]
+
+    def parse_shape(self) -> Shape:
+        self.skip_space()
+        return self.interpret_shape(self.scan_shape_text())
+
+    def at_shape(self, offset: int | None = None) -> bool:
+        """Does a shape (not an opcode or name) start at ``offset``?"""
+        pos = self.pos if offset is None else offset
+        if self.text.startswith("(", pos):
+            return True
+        m = _ARRAY_START.match(self.text, pos)
+        return m is not None and (m.group(2) is not None or m.group(1) in ELEMENT_BITS)
+
+    def parse_operands(self, scope: _Scope) -> tuple[str, ...]:
+        """``(a, f32[2] %b, f32[] constant(0))`` after the opcode's '('."""
+        operands: list[str] = []
+        if self.peek() == ")":
+            self.pos += 1
+            return ()
+        while True:
+            operands.append(self.parse_operand(scope))
+            c = self.peek()
+            if c == ",":
+                self.pos += 1
+                continue
+            if c == ")":
+                self.pos += 1
+                return tuple(operands)
+            raise self.error("expected ',' or ')' in the operand list")
+
+    def parse_operand(self, scope: _Scope) -> str:
+        self.skip_space()
+        start = self.pos
+        shape_text = None
+        if self.at_shape():
+            shape_text = self.scan_shape_text()
+            self.skip_space()
+            if self.text.startswith(",", self.pos):
+                # XLA also accepts `f32[], %x`: a shape, a comma, then the name.
+                after = _SPACE.match(self.text, self.pos + 1).end()
+                if not self.at_shape(after) and _NAME.match(self.text, after):
+                    self.pos = after
+        m = _OPCODE.match(self.text, self.pos)
+        if m is not None:
+            # A nested instruction used as an operand: `f32[] constant(0)`.
+            opcode = m.group(1)
+            opcode_offset = self.pos
+            self.pos = m.end()
+            literal = None
+            operands: tuple[str, ...] = ()
+            if opcode in LITERAL_OPCODES:
+                literal = self.scan_literal()
+            else:
+                operands = self.parse_operands(scope)
+            self._synthetic += 1
+            name = f"{opcode}.nested.{self._synthetic}"
+            return self.add_instruction(
+                scope, name, opcode, opcode_offset, shape_text, operands, [], literal, False, start
+            )
+        m = _NAME.match(self.text, self.pos)
+        if m is None:
+            raise self.error("expected an operand name")
+        self.pos = m.end()
+        return m.group(1)
+
+    def scan_literal(self) -> str:
+        """The raw text up to the ')' that closes the opcode's '('."""
+        start = self.pos
+        depth = 1
+        text = self.text
+        i = start
+        n = len(text)
+        while i < n:
+            c = text[i]
+            if c == "(" or c == "{":
+                depth += 1
+            elif c == ")" or c == "}":
+                depth -= 1
+                if depth == 0:
+                    if c != ")":
+                        break
+                    self.pos = i + 1
+                    return text[start:i].strip()
+            elif c == '"':
+                m = _STRING.match(text, i)
+                if m is None:
+                    raise self.error("unterminated string", i)
+                i = m.end()
+                continue
+            i += 1
+        raise self.error("unterminated literal: missing ')'", start)
+
+    # -- attributes -----------------------------------------------------------
+
+    def parse_attributes(self, scope: _Scope | None = None, owner: str = "") -> list[tuple[str, str]]:
+        """``, key=value`` pairs; values are kept as raw text."""
+        attributes: list[tuple[str, str]] = []
+        text = self.text
+        while True:
+            save = self.pos
+            if self.peek() != ",":
+                return attributes
+            self.pos += 1
+            self.skip_space()
+            m = _ATTR_KEY.match(text, self.pos)
+            if m is None:
+                if scope is None:
+                    self.pos = save
+                    return attributes
+                raise self.error("expected an attribute 'key=value'")
+            key = m.group(1)
+            if key == "execution_thread" and scope is None:
+                self.pos = save
+                return attributes
+            self.pos = m.end()
+            self.skip_space()
+            if scope is not None and key in CALLED_COMPUTATION_KEYS and self.is_inline_body():
+                value = self.parse_inline_computation(owner, key)
+            else:
+                value = self.scan_value(key)
+            attributes.append((key, value))
+
+    def is_inline_body(self) -> bool:
+        if not self.text.startswith("{", self.pos):
+            return False
+        i = _SPACE.match(self.text, self.pos + 1).end()
+        return re.match(r"(?:ROOT\s+)?%?[\w.\-]+\s*=", self.text[i : i + 200]) is not None
+
+    def parse_inline_computation(self, owner: str, key: str) -> str:
+        start = self.pos
+        self._synthetic += 1
+        name = f"{owner}.{key}.{self._synthetic}"
+        self.parse_computation_body(name, start, False, [])
+        return name
+
+    def parse_string(self) -> str:
+        self.skip_space()
+        m = _STRING.match(self.text, self.pos)
+        if m is None:
+            raise self.error("expected a quoted string")
+        self.pos = m.end()
+        return m.group(0)
+
+    def scan_value(self, key: str) -> str:
+        text = self.text
+        start = self.pos
+        c = text[start : start + 1]
+        if c == "{":
+            end = self.scan_braces(start)
+        elif c == '"':
+            m = _STRING.match(text, start)
+            if m is None:
+                raise self.error("unterminated string")
+            end = m.end()
+        elif not c:
+            raise self.error(f"expected a value for attribute '{key}'")
+        else:
+            end = self.scan_bare(start)
+            if key == "literal":
+                # literal=s32[2]{0} {1, 2}: a shape, then the literal itself.
+                i = _SPACE.match(text, end).end()
+                end = self.scan_braces(i) if text.startswith("{", i) else self.scan_bare(i)
+            elif key == "replica_groups" and text.startswith("mesh", start):
+                # mesh['a'=2,'b'=4] {'a'}
+                i = _SPACE.match(text, end).end()
+                if text.startswith("{", i):
+                    end = self.scan_braces(i)
+        if end == start:
+            raise self.error(f"expected a value for attribute '{key}'")
+        self.pos = end
+        return text[start:end]
+
+    def scan_braces(self, start: int) -> int:
+        text = self.text
+        depth = 0
+        i = start
+        search = _BRACE_EVENT.search
+        while True:
+            m = search(text, i)
+            if m is None:
+                raise self.error("unbalanced '{': missing '}'", start)
+            c = m.group(0)
+            if c == '"':
+                s = _STRING.match(text, m.start())
+                if s is None:
+                    raise self.error("unterminated string", m.start())
+                i = s.end()
+                continue
+            i = m.end()
+            if c == "{":
+                depth += 1
+            else:
+                depth -= 1
+                if depth == 0:
+                    return i
+
+    def scan_bare(self, start: int) -> int:
+        """A value without spaces: ``kLoop``, ``[2,4]<=[8]``, ``b01f_01io->b01f``."""
+        text = self.text
+        depth = 0
+        i = start
+        search = _BARE_VALUE_EVENT.search
+        while True:
+            m = search(text, i)
+            if m is None:
+                return len(text)
+            c = m.group(0)
+            if c in "([{":
+                depth += 1
+                i = m.end()
+            elif c in ")]}":
+                if depth == 0:
+                    return m.start()
+                depth -= 1
+                i = m.end()
+            elif c == '"':
+                s = _STRING.match(text, m.start())
+                if s is None:
+                    raise self.error("unterminated string", m.start())
+                i = s.end()
+            elif depth == 0:
+                return m.start()
+            else:
+                i = m.end()
+
+
+_ASYNC_WRAPPER_KEYS = frozenset({"async_execution_thread", "async_group_id", "metadata", "backend_config"})
+
+
+def computation_offset(parser: Parser, computation: Computation) -> int:
+    return parser.pos
+
+
+def make_computation(
+    name: str,
+    scope: _Scope,
+    position: Position,
+    is_entry: bool,
+    parameter_shapes: tuple[Shape, ...],
+    execution_thread: str | None,
+) -> Computation:
+    instructions = tuple(scope.instructions)
+    return Computation(
+        name=name,
+        instructions=instructions,
+        position=position,
+        is_entry=is_entry,
+        parameter_shapes=parameter_shapes,
+        execution_thread=execution_thread,
+        by_name={i.name: i for i in instructions},
+    )
+
+
+def called_computation_names(attributes: list[tuple[str, str]]) -> tuple[str, ...]:
+    names: list[str] = []
+    for key, value in attributes:
+        if key in CALLED_COMPUTATION_KEYS:
+            if value.startswith("{"):
+                names.extend(n.strip().lstrip("%") for n in value[1:-1].split(",") if n.strip())
+            else:
+                names.append(value.lstrip("%"))
+    return tuple(names)
+
+
+def infer_shape(
+    opcode: str, operands: tuple[str, ...], attributes: list[tuple[str, str]], scope: _Scope
+) -> Shape:
+    """The shape XLA would infer for an instruction written without one."""
+    shapes = [scope.shapes.get(o, UNKNOWN_SHAPE) for o in operands]
+    if opcode == "tuple":
+        return Shape("tuple", tuple_shapes=tuple(shapes))
+    if opcode == "get-tuple-element" and shapes and shapes[0].is_tuple:
+        for key, value in attributes:
+            if key == "index" and value.isdigit() and int(value) < len(shapes[0].tuple_shapes):
+                return shapes[0].tuple_shapes[int(value)]
+    if opcode in _SAME_AS_OPERAND and shapes:
+        return shapes[-1] if opcode == "select" else shapes[0]
+    return UNKNOWN_SHAPE
+
+
+def unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
+
+
+def parse_module(text: str, *, path: str | None = None) -> HloModule:
+    """Parse one HLO module's text. Raises :class:`ParseError` on malformed text."""
+    if not isinstance(text, str):
+        raise TypeError("parse_module expects str; decode bytes first")
+    parser = Parser(text, None if path is None else str(path))
+    try:
+        return parser.parse_module()
+    except RecursionError:
+        raise parser.error("nesting too deep") from None
