@@ -42,3 +42,8 @@ COLLECTIVE_OPCODES: frozenset[str] = frozenset(
         "collective-broadcast",
     }
 )
+
+# Ops with their own -start/-done opcodes; `<op>-start` is never async sugar for them.
+DEDICATED_ASYNC: frozenset[str] = frozenset(
+    {"all-gather", "all-reduce", "collective-permute", "copy", "send", "recv"}
+)

@@ -24,7 +24,7 @@ from hlo_doctor.hlo.ir import (
     Shape,
     StackFrameTables,
 )
-from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, OPCODES
+from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 
 _SPACE = re.compile(r"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
@@ -261,6 +261,7 @@ class Parser:
     ) -> Computation:
         self.expect("{")
         scope = _Scope()
+        root_offset = None
         while True:
             c = self.peek()
             if c == "}":
@@ -268,7 +269,13 @@ class Parser:
                 break
             if not c:
                 raise self.error(f"unterminated computation '{name}': missing '}}'")
+            offset = self.pos
             self.parse_instruction(scope)
+            if scope.instructions[-1].is_root:
+                if root_offset is not None:
+                    raise self.error(f"computation '{name}' has more than one ROOT", offset)
+                root_offset = offset
+        self.check_operands_defined(scope)
         execution_thread = None
         save = self.pos
         if self.peek() == ",":
@@ -283,6 +290,20 @@ class Parser:
         )
         self.computations.append(computation)
         return computation
+
+    def check_operands_defined(self, scope: _Scope) -> None:
+        for instruction in scope.instructions:
+            for operand in instruction.operands:
+                if operand not in scope.shapes:
+                    line, col = instruction.position.line, instruction.position.col
+                    raise ParseError(
+                        f"instruction '{instruction.name}' uses '{operand}', which is not defined "
+                        "in its computation",
+                        path=self.path,
+                        line=line,
+                        col=col,
+                        source_line=self.text.splitlines()[line - 1] if line <= self.text.count("\n") + 1 else "",
+                    )
 
     # -- instructions ---------------------------------------------------------------
 
@@ -358,7 +379,8 @@ class Parser:
 
     def desugar_async(self, opcode: str, offset: int) -> tuple[str, str]:
         for suffix, async_opcode in ASYNC_SUFFIXES:
-            if opcode.endswith(suffix) and opcode[: -len(suffix)] in OPCODES:
+            wrapped = opcode[: -len(suffix)]
+            if opcode.endswith(suffix) and wrapped in OPCODES and wrapped not in DEDICATED_ASYNC:
                 return async_opcode, opcode
         raise self.error(f"unknown opcode '{opcode}'", offset)
 
