@@ -115,6 +115,7 @@ class ShardingKind(str, Enum):
     MAXIMAL = "maximal"
     TILED = "tiled"
     TUPLE = "tuple"
+    UNREDUCED = "unreduced"  # ``{unreduced}``: every device holds a partial value
 
 
 class SubgroupType(str, Enum):
@@ -184,14 +185,129 @@ class MeshAxis:
 
 
 @dataclass(frozen=True, slots=True)
+class AxisRef:
+    """A mesh axis ``'x'``, or its sub-axis ``'x':(pre_size)size``.
+
+    A sub-axis is the slice of axis ``x`` (viewed as major-to-minor factors)
+    that comes after ``pre_size`` and has ``size`` elements; ``size`` is None
+    for the whole axis.
+    """
+
+    name: str
+    pre_size: int = 1
+    size: int | None = None
+
+    @property
+    def is_sub_axis(self) -> bool:
+        return self.size is not None
+
+    def __str__(self) -> str:
+        if self.size is None:
+            return f"'{self.name}'"
+        return f"'{self.name}':({self.pre_size}){self.size}"
+
+
+@dataclass(frozen=True, slots=True)
 class NamedMesh:
-    """The v3 ``{mesh['a'=2,'b'=4], [{'a'}, {}], replicated={'b'}}`` form."""
+    """The v3 ``{mesh['a'=2,'b'=4], [{'a'}, {}], replicated={'b'}}`` form.
+
+    ``dim_axes``/``replicated_axes``/``unreduced_axes``/``manual_axes`` name
+    the axes (a sub-axis appears under its axis's name); the ``*_refs``
+    fields keep the exact references, sub-axes included. ``open_dims`` marks
+    dimensions written with a trailing ``?``. The mesh's devices are
+    ``device_ids`` (explicit), ``device_iota`` (``device_ids=([4,2]T(1,0))``)
+    or, when both are None, iota over the axes. ``maximal_device`` is set for
+    ``maximal_mesh[device_id=N]``. ``unreduced_reduction`` is the reduction
+    written in ``unreduced=max{...}`` (newer XLA), else None.
+    """
 
     axes: tuple[MeshAxis, ...]
     dim_axes: tuple[tuple[str, ...], ...]
     replicated_axes: tuple[str, ...] = ()
     unreduced_axes: tuple[str, ...] = ()
     device_ids: tuple[int, ...] | None = None
+    manual_axes: tuple[str, ...] = ()
+    dim_refs: tuple[tuple[AxisRef, ...], ...] = ()
+    replicated_refs: tuple[AxisRef, ...] = ()
+    unreduced_refs: tuple[AxisRef, ...] = ()
+    manual_refs: tuple[AxisRef, ...] = ()
+    open_dims: tuple[bool, ...] = ()
+    device_iota: IotaDevices | None = None
+    maximal_device: int | None = None
+    unreduced_reduction: str | None = None
+
+    @property
+    def num_devices(self) -> int:
+        if self.maximal_device is not None:
+            return 1
+        return math.prod(a.size for a in self.axes)
+
+    def devices(self) -> tuple[int, ...]:
+        """The mesh's device ids, row-major over the axes."""
+        if self.maximal_device is not None:
+            return (self.maximal_device,)
+        if self.device_ids is not None:
+            return self.device_ids
+        if self.device_iota is not None:
+            return self.device_iota.device_ids()
+        return tuple(range(self.num_devices))
+
+
+def split_mesh_axes(
+    axes: tuple[MeshAxis, ...], refs: tuple[AxisRef, ...]
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Split mesh axes into the factors that ``refs`` need.
+
+    Returns the factor sizes (row-major over the mesh: axes in order, each
+    axis major to minor) and, per ref, the indices of the factors it covers.
+    Raises ValueError for an unknown axis, a sub-axis that does not divide
+    its axis, or refs that overlap.
+    """
+    index = {axis.name: i for i, axis in enumerate(axes)}
+    bounds: list[set[int]] = [{1, axis.size} for axis in axes]
+    spans: list[tuple[int, int, int]] = []
+    for ref in refs:
+        if ref.name not in index:
+            raise ValueError(f"unknown mesh axis '{ref.name}'")
+        i = index[ref.name]
+        full = axes[i].size
+        if ref.size is None:
+            lo, hi = 1, full
+        else:
+            lo, hi = ref.pre_size, ref.pre_size * ref.size
+            if ref.pre_size < 1 or ref.size < 1 or full % hi or hi % lo:
+                raise ValueError(f"sub-axis {ref} does not divide axis '{ref.name}'={full}")
+        bounds[i].update((lo, hi))
+        spans.append((i, lo, hi))
+    sizes: list[int] = []
+    starts: list[dict[int, int]] = []  # per axis: lower bound -> factor index
+    for i in range(len(axes)):
+        cuts = sorted(bounds[i])
+        for a, b in zip(cuts, cuts[1:]):
+            if b % a:
+                raise ValueError(f"sub-axes of '{axes[i].name}' do not nest")
+        starts.append({a: len(sizes) + k for k, a in enumerate(cuts[:-1])})
+        sizes.extend(b // a for a, b in zip(cuts, cuts[1:]))
+    covered: list[tuple[int, ...]] = []
+    used: set[int] = set()
+    for ref, (i, lo, hi) in zip(refs, spans):
+        cuts = sorted(c for c in bounds[i] if lo <= c < hi)
+        factors = tuple(starts[i][c] for c in cuts)
+        if used.intersection(factors):
+            raise ValueError(f"mesh axis {ref} is used more than once")
+        used.update(factors)
+        covered.append(factors)
+    return tuple(sizes), tuple(covered)
+
+
+def transpose_devices(
+    devices: tuple[int, ...], dims: tuple[int, ...], perm: tuple[int, ...]
+) -> tuple[int, ...]:
+    """``devices`` reshaped to ``dims``, transposed by ``perm``, flattened."""
+    if perm == tuple(range(len(dims))):
+        return devices
+    order = IotaDevices(dims, perm).device_ids()
+    return tuple(devices[i] for i in order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +376,8 @@ class ReplicaGroups:
     mesh_axes: tuple[MeshAxis, ...] = ()
     mesh_selected: tuple[str, ...] = ()
     text: str = field(default="", compare=False)
+    mesh: NamedMesh | None = None  # the full mesh (device ids) of the mesh form
+    mesh_refs: tuple[AxisRef, ...] = ()  # the exact selected axes, sub-axes included
 
     def groups(self) -> tuple[tuple[int, ...], ...]:
         """Expand to explicit groups of logical ids (partition or replica ids)."""
@@ -269,25 +387,28 @@ class ReplicaGroups:
             ids = self.iota.device_ids()
             count, size = self.iota_shape
             return tuple(tuple(ids[g * size : (g + 1) * size]) for g in range(count))
-        if self.mesh_axes:
-            return _mesh_groups(self.mesh_axes, self.mesh_selected)
+        if self.mesh is not None or self.mesh_axes:
+            mesh = self.mesh or NamedMesh(self.mesh_axes, ())
+            refs = self.mesh_refs or tuple(AxisRef(name) for name in self.mesh_selected)
+            return _mesh_groups(mesh, refs)
         return ()
 
 
-def _mesh_groups(
-    axes: tuple[MeshAxis, ...], selected: tuple[str, ...]
-) -> tuple[tuple[int, ...], ...]:
-    """Groups of a row-major device mesh that vary only along ``selected`` axes."""
-    names = [a.name for a in axes]
-    sizes = [a.size for a in axes]
-    other = [i for i, n in enumerate(names) if n not in selected]
-    chosen = [names.index(n) for n in selected]
-    perm = tuple(other + chosen)
-    group_size = math.prod(sizes[i] for i in chosen)
-    ids = IotaDevices(tuple(sizes), perm).device_ids()
-    return tuple(
-        tuple(ids[g : g + group_size]) for g in range(0, len(ids), group_size)
-    )
+def _mesh_groups(mesh: NamedMesh, refs: tuple[AxisRef, ...]) -> tuple[tuple[int, ...], ...]:
+    """XLA's MeshAxesReplicaGroupList: devices that differ only along ``refs``.
+
+    The mesh's device array is split into the factors the refs need; the
+    other factors stay in mesh order and the selected ones move to the end in
+    the order written, so each run of ``group size`` devices is one group.
+    """
+    if mesh.maximal_device is not None:
+        return ((mesh.maximal_device,),)
+    sizes, covered = split_mesh_axes(mesh.axes, refs)
+    chosen = [f for factors in covered for f in factors]
+    other = [f for f in range(len(sizes)) if f not in chosen]
+    ids = transpose_devices(mesh.devices(), sizes, tuple(other + chosen))
+    group_size = math.prod(sizes[f] for f in chosen)
+    return tuple(ids[g : g + group_size] for g in range(0, len(ids), group_size))
 
 
 # --------------------------------------------------------------------------
@@ -386,14 +507,40 @@ class Instruction:
     operands: tuple[str, ...]
     position: Position
     is_root: bool = False
-    attributes: tuple[tuple[str, str], ...] = ()
-    called_computations: tuple[str, ...] = ()
+    # ", key=value, ..." exactly as written, split into pairs on first use
+    # (or the pairs themselves); read it through ``attributes``.
+    raw_attributes: str | tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    # Called computation names, or None to derive them from the attributes.
+    called: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
     printed_opcode: str | None = None
     literal: str | None = None  # the text inside parameter(...) / constant(...)
     frame_tables: StackFrameTables | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        """Every ``key=value`` as raw text, in source order."""
+        raw = self.raw_attributes
+        if isinstance(raw, str):
+            from hlo_doctor.hlo.parser import split_attributes
+
+            raw = split_attributes(raw)
+            object.__setattr__(self, "raw_attributes", raw)  # memoize
+        return raw
+
+    @property
+    def called_computations(self) -> tuple[str, ...]:
+        """Names of the computations this instruction calls, in attribute order."""
+        if self.called is None:
+            from hlo_doctor.hlo.parser import called_computation_names
+
+            object.__setattr__(self, "called", called_computation_names(self.attributes))  # memoize
+        return self.called  # type: ignore[return-value]
+
     def attribute(self, key: str) -> str | None:
         """The raw text of attribute ``key``, or None."""
+        raw = self.raw_attributes
+        if isinstance(raw, str) and key + "=" not in raw:
+            return None
         for name, value in self.attributes:
             if name == key:
                 return value

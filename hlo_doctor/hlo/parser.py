@@ -13,6 +13,7 @@ from caching shapes by text. Every error is a :class:`ParseError` at
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir import (
@@ -37,6 +38,38 @@ _BRACE_EVENT = re.compile(r'[{}"]')
 _BARE_VALUE_EVENT = re.compile(r'[\s,{}()\[\]"]')
 _TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"(?:[^\"\\]|\\.)*\"|\{[^}\n]*\})")
 _TABLE_FIELD = re.compile(r"(\w+)=(-?\d+)")
+
+# The fast path: one regex for a whole instruction line as XLA prints it
+# (bare operand names, one line, no comments). Anything else takes the general
+# recursive-descent path, which accepts the full grammar.
+_Q = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+_PLAIN = r'[^{}"\n]*'
+
+
+def _braced(inner: str) -> str:
+    """A ``{...}`` group whose nested groups match ``inner`` (unrolled loop)."""
+    return r"\{" + _PLAIN + "(?:(?:" + _Q + ("|" + inner if inner else "") + ")" + _PLAIN + r")*\}"
+
+
+_BRACED = _braced(_braced(_braced("")))
+_BARE = r"(?:[^\s,{}()\[\]\"]|\[[^\]\n]*\])+(?:\([^()\n]*\))?"
+_MESH_GROUPS = r"mesh\[[^\]\n]*\][ \t]*\{[^}\n]*\}"
+_VALUE = "(?:" + _BRACED + "|" + _Q + "|" + _MESH_GROUPS + "|" + _BARE + ")"
+_OPERAND = r"(?:/\*index=\d+\*/)?%?[\w.\-]+"
+_FAST_SHAPE = r"(?:[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^}\n]*\})?|\((?:[^()\n]|\([^()\n]*\))*\))"
+_FAST_INSTRUCTION = re.compile(
+    r"(ROOT[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)[ \t]*=[ \t]*(" + _FAST_SHAPE + r")[ \t]+"
+    r"([a-z][a-z0-9\-]*)\((?:((?:" + _OPERAND + r"(?:,[ \t]*" + _OPERAND + r")*)?)|([^()\n]*))\)[ \t]*(,[^\n]*)?(?=\n|\Z)"
+)
+_INLINE_BODY = re.compile(
+    r"(?:to_apply|calls|body|condition|branch_computations|true_computation|false_computation"
+    r"|called_computations|select|scatter|comparator)=\{[^}]*="
+)
+_FAST_HEADER = re.compile(
+    r"(ENTRY[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)(?:[ \t]*\([^\n]*\)[ \t]*->[^\n]*?)?[ \t]*\{[ \t]*(?=\r?\n)"
+)
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/")
+_FAST_ATTRIBUTE = re.compile(r",[ \t]*([A-Za-z_][\w.\-]*)=(" + _VALUE + ")")
 
 TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -112,6 +145,13 @@ class Parser:
 
     def error(self, message: str, offset: int | None = None) -> ParseError:
         return ParseError.at(self.text, self.pos if offset is None else offset, message, path=self.path)
+
+    def error_at(self, position: Position, message: str) -> ParseError:
+        """An error at a line:col already computed (the text is scanned only on error)."""
+        offset = 0
+        for _ in range(position.line - 1):
+            offset = self.text.index("\n", offset) + 1
+        return self.error(message, offset + position.col - 1)
 
     def skip_space(self) -> int:
         self.pos = _SPACE.match(self.text, self.pos).end()
@@ -227,6 +267,13 @@ class Parser:
 
     def parse_computation(self) -> tuple[bool, Computation]:
         start = self.skip_space()
+        header = _FAST_HEADER.match(self.text, start)
+        if header is not None:
+            # The usual one-line header; the signature repeats the parameters'
+            # shapes, so it is not interpreted.
+            self.pos = header.end() - 1
+            is_entry = header.group(1) is not None
+            return is_entry, self.parse_computation_body(header.group(2), start, is_entry, [])
         is_entry = self.parse_optional_keyword("ENTRY")
         name = self.parse_name("a computation name")
         parameter_shapes: list[Shape] = []
@@ -259,6 +306,7 @@ class Parser:
     def parse_computation_body(
         self, name: str, start: int, is_entry: bool, parameter_shapes: list[Shape]
     ) -> Computation:
+        position = self.position(start)
         self.expect("{")
         scope = _Scope()
         root_offset = None
@@ -270,11 +318,16 @@ class Parser:
             if not c:
                 raise self.error(f"unterminated computation '{name}': missing '}}'")
             offset = self.pos
-            self.parse_instruction(scope)
-            if scope.instructions[-1].is_root:
-                if root_offset is not None:
-                    raise self.error(f"computation '{name}' has more than one ROOT", offset)
-                root_offset = offset
+            count = len(scope.instructions)
+            self.parse_fast_instructions(scope)
+            if len(scope.instructions) == count:
+                self.parse_instruction(scope)
+            for index in range(count, len(scope.instructions)):
+                instruction = scope.instructions[index]
+                if instruction.is_root:
+                    if root_offset is not None:
+                        raise self.error_at(instruction.position, f"computation '{name}' has more than one ROOT")
+                    root_offset = offset
         self.check_operands_defined(scope)
         execution_thread = None
         save = self.pos
@@ -286,7 +339,7 @@ class Parser:
             else:
                 self.pos = save
         computation = make_computation(
-            name, scope, self.position(start), is_entry, tuple(parameter_shapes), execution_thread
+            name, scope, position, is_entry, tuple(parameter_shapes), execution_thread
         )
         self.computations.append(computation)
         return computation
@@ -295,14 +348,9 @@ class Parser:
         for instruction in scope.instructions:
             for operand in instruction.operands:
                 if operand not in scope.shapes:
-                    line, col = instruction.position.line, instruction.position.col
-                    raise ParseError(
-                        f"instruction '{instruction.name}' uses '{operand}', which is not defined "
-                        "in its computation",
-                        path=self.path,
-                        line=line,
-                        col=col,
-                        source_line=self.text.splitlines()[line - 1] if line <= self.text.count("\n") + 1 else "",
+                    raise self.error_at(
+                        instruction.position,
+                        f"instruction '{instruction.name}' uses '{operand}', which is not defined in its computation",
                     )
 
     # -- instructions ---------------------------------------------------------------
@@ -337,6 +385,82 @@ class Parser:
             scope, name, opcode, opcode_offset, shape_text, operands, attributes, literal, is_root, start
         )
 
+    def parse_fast_instructions(self, scope: _Scope) -> None:
+        """Consume consecutive instructions the fast regex matches, from ``self.pos``.
+
+        Stops (leaving ``self.pos`` at the next instruction or '}') at the first
+        one that needs the general path.
+        """
+        text = self.text
+        match = _FAST_INSTRUCTION.match
+        space = _SPACE.match
+        instructions = scope.instructions
+        shapes = scope.shapes
+        frame_tables = self.frame_tables
+        line, counted, line_start = self._line, self._line_offset, self._line_start
+        pos = self.pos
+        while True:
+            m = match(text, pos)
+            if m is None:
+                break
+            root, name, shape_text, opcode, operand_text, literal_text, attribute_text = m.groups()
+            if opcode not in OPCODES or name in shapes:
+                break
+            if literal_text is not None:
+                if opcode not in LITERAL_OPCODES:
+                    break  # operands with shapes or nested instructions
+                operand_text = literal_text.strip()
+            following = space(text, m.end()).end()
+            if text.startswith(",", following):
+                break  # the attributes go on over the next line: the general path
+            if attribute_text:
+                if (
+                    attribute_text.count("{") != attribute_text.count("}")
+                    or "//" in attribute_text
+                    or attribute_text.rstrip().endswith((",", "="))
+                ):
+                    break  # a value that spans lines, or a comment: the general path
+                if "={" in attribute_text and _INLINE_BODY.search(attribute_text):
+                    break  # an inline computation body: the general path builds it
+            try:
+                shape = shape_from_text(shape_text)
+            except ShapeSyntaxError:
+                break
+            literal = None
+            if opcode in LITERAL_OPCODES:
+                literal = operand_text
+                operands: tuple[str, ...] = ()
+            elif operand_text:
+                if "/" in operand_text:
+                    operand_text = _BLOCK_COMMENT.sub("", operand_text)
+                operands = tuple(operand_text.replace("%", "").replace(" ", "").replace("\t", "").split(","))
+            else:
+                operands = ()
+            newlines = text.count("\n", counted, pos)
+            if newlines:
+                line += newlines
+                line_start = text.rfind("\n", counted, pos) + 1
+            counted = pos
+            instructions.append(
+                Instruction(
+                    name,
+                    opcode,
+                    shape,
+                    operands,
+                    Position(line, pos - line_start + 1),
+                    root is not None,
+                    attribute_text,
+                    None,
+                    None,
+                    literal,
+                    frame_tables,
+                )
+            )
+            shapes[name] = shape
+            pos = following
+        self._line, self._line_offset, self._line_start = line, counted, line_start
+        self.pos = pos
+
     def add_instruction(
         self,
         scope: _Scope,
@@ -367,8 +491,8 @@ class Parser:
             operands=operands,
             position=self.position(start),
             is_root=is_root,
-            attributes=tuple(attributes),
-            called_computations=called,
+            raw_attributes=tuple(attributes),
+            called=called,
             printed_opcode=printed_opcode,
             literal=literal,
             frame_tables=self.frame_tables,
@@ -431,8 +555,8 @@ class Parser:
                 operands=tuple(params),
                 position=self.position(self.pos),
                 is_root=True,
-                attributes=tuple(inner_attributes),
-                called_computations=called,
+                raw_attributes=tuple(inner_attributes),
+                called=called,
                 frame_tables=self.frame_tables,
             )
         )
@@ -711,7 +835,26 @@ def make_computation(
     )
 
 
-def called_computation_names(attributes: list[tuple[str, str]]) -> tuple[str, ...]:
+_ATTRIBUTE_LIST = re.compile(r"(?:,[ \t]*[A-Za-z_][\w.\-]*=" + _VALUE + r")*[ \t\r]*")
+
+
+def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, str], ...]:
+    """Split the raw ``, key=value, ...`` text of one instruction line.
+
+    The common form is split by one regex; anything else (comments between
+    attributes, odd spacing) goes through the general attribute scanner.
+    Raises ParseError (at offsets within ``text``) when the text is malformed.
+    """
+    if _ATTRIBUTE_LIST.fullmatch(text):
+        return tuple(_FAST_ATTRIBUTE.findall(text))
+    parser = Parser(text, path)
+    attributes = parser.parse_attributes(_Scope(), owner="")
+    if parser.skip_space() != len(text):
+        raise parser.error("expected ',' before the next attribute")
+    return tuple(attributes)
+
+
+def called_computation_names(attributes: Iterable[tuple[str, str]]) -> tuple[str, ...]:
     names: list[str] = []
     for key, value in attributes:
         if key in CALLED_COMPUTATION_KEYS:
