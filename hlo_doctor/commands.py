@@ -6,9 +6,11 @@ import importlib
 
 import click
 
-# (module, attribute) of every command; a module that is not there yet is skipped.
+# (module, attribute) of every command, in the order `hlo-doctor --help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("hlo_doctor.dump.cli", "ls_command"),
+    ("hlo_doctor.runner.cli", "run_command"),
+    ("hlo_doctor.runner.cli", "examples_command"),
 )
 
 

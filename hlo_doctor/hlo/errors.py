@@ -28,6 +28,9 @@ class ParseError(ValueError):
         col: int = 1,
         source_line: str = "",
     ) -> None:
+        message = " ".join(message.split())  # always one line
+        if len(message) > 300:
+            message = message[:297] + "..."
         self.message = message
         self.path = path
         self.line = line

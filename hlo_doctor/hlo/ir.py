@@ -14,9 +14,12 @@ and cached per distinct text.
 from __future__ import annotations
 
 import math
+import re
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 # Bits per element of each XLA primitive type (xla_data.proto PrimitiveType).
 ELEMENT_BITS: Mapping[str, int] = {
@@ -31,9 +34,8 @@ ELEMENT_BITS: Mapping[str, int] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Position:
-    """A 1-based line and column in the parsed text."""
+class Position(NamedTuple):
+    """A 1-based line and column in the parsed text (a tuple: one per instruction)."""
 
     line: int
     col: int
@@ -490,6 +492,40 @@ class StackFrameTables:
 # Instructions, computations, modules
 
 
+class ModuleText:
+    """The text a module was parsed from, shared by all its instructions.
+
+    Instructions keep only their character offset; line:col is computed on
+    demand from a newline index built the first time one is asked for.
+    """
+
+    __slots__ = ("text", "path", "frame_tables", "_newlines")
+
+    def __init__(self, text: str, path: str | None = None) -> None:
+        self.text = text
+        self.path = path
+        self.frame_tables: StackFrameTables | None = None
+        self._newlines: list[int] | None = None
+
+    def position(self, offset: int) -> Position:
+        if self._newlines is None:
+            self._newlines = [m.start() for m in _NEWLINE.finditer(self.text)]
+        line = bisect_right(self._newlines, offset - 1)
+        line_start = self._newlines[line - 1] + 1 if line else 0
+        return Position(line + 1, offset - line_start + 1)
+
+    def line_text(self, line: int) -> str:
+        """The text of 1-based ``line``, without its newline."""
+        self.position(0)
+        assert self._newlines is not None
+        start = self._newlines[line - 2] + 1 if line > 1 else 0
+        end = self._newlines[line - 1] if line - 1 < len(self._newlines) else len(self.text)
+        return self.text[start:end]
+
+
+_NEWLINE = re.compile("\n")
+
+
 @dataclass(frozen=True, slots=True)
 class Instruction:
     """One HLO instruction.
@@ -505,7 +541,8 @@ class Instruction:
     opcode: str
     shape: Shape
     operands: tuple[str, ...]
-    position: Position
+    offset: int  # where the instruction starts in its module's text
+    origin: ModuleText = field(compare=False, repr=False)
     is_root: bool = False
     # ", key=value, ..." exactly as written, split into pairs on first use
     # (or the pairs themselves); read it through ``attributes``.
@@ -514,7 +551,15 @@ class Instruction:
     called: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
     printed_opcode: str | None = None
     literal: str | None = None  # the text inside parameter(...) / constant(...)
-    frame_tables: StackFrameTables | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def position(self) -> Position:
+        """Line and column of the instruction in its module's text."""
+        return self.origin.position(self.offset)
+
+    @property
+    def frame_tables(self) -> StackFrameTables | None:
+        return self.origin.frame_tables
 
     @property
     def attributes(self) -> tuple[tuple[str, str], ...]:

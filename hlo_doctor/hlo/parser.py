@@ -21,6 +21,7 @@ from hlo_doctor.hlo.ir import (
     Computation,
     HloModule,
     Instruction,
+    ModuleText,
     Position,
     Shape,
     StackFrameTables,
@@ -59,7 +60,7 @@ _OPERAND = r"(?:/\*index=\d+\*/)?%?[\w.\-]+"
 _FAST_SHAPE = r"(?:[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^}\n]*\})?|\((?:[^()\n]|\([^()\n]*\))*\))"
 _FAST_INSTRUCTION = re.compile(
     r"(ROOT[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)[ \t]*=[ \t]*(" + _FAST_SHAPE + r")[ \t]+"
-    r"([a-z][a-z0-9\-]*)\((?:((?:" + _OPERAND + r"(?:,[ \t]*" + _OPERAND + r")*)?)|([^()\n]*))\)[ \t]*(,[^\n]*)?(?=\n|\Z)"
+    r"([a-z][a-z0-9\-]*)\((?:((?:" + _OPERAND + r"(?:,[ \t]*" + _OPERAND + r")*)?)|([^()\n]*))\)[ \t]*(,[^\n]*)?(?:\Z|\n\s*)"
 )
 _INLINE_BODY = re.compile(
     r"(?:to_apply|calls|body|condition|branch_computations|true_computation|false_computation"
@@ -125,6 +126,7 @@ class Parser:
         self.pos = 0
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
+        self.origin = ModuleText(text, path)
         self._line = 1
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
@@ -133,9 +135,11 @@ class Parser:
     # -- positions and errors -------------------------------------------------
 
     def position(self, offset: int) -> Position:
-        """Line:col of ``offset``; amortized O(1) for increasing offsets."""
+        """Line:col of ``offset``; amortized O(1) as offsets mostly increase."""
         if offset < self._line_offset:
-            self._line, self._line_offset, self._line_start = 1, 0, 0
+            self._line -= self.text.count("\n", offset, self._line_offset)
+            self._line_start = self.text.rfind("\n", 0, offset) + 1
+            self._line_offset = offset
         newlines = self.text.count("\n", self._line_offset, offset)
         if newlines:
             self._line += newlines
@@ -145,13 +149,6 @@ class Parser:
 
     def error(self, message: str, offset: int | None = None) -> ParseError:
         return ParseError.at(self.text, self.pos if offset is None else offset, message, path=self.path)
-
-    def error_at(self, position: Position, message: str) -> ParseError:
-        """An error at a line:col already computed (the text is scanned only on error)."""
-        offset = 0
-        for _ in range(position.line - 1):
-            offset = self.text.index("\n", offset) + 1
-        return self.error(message, offset + position.col - 1)
 
     def skip_space(self) -> int:
         self.pos = _SPACE.match(self.text, self.pos).end()
@@ -242,7 +239,7 @@ class Parser:
         for key, fields in tables.get("StackFrames", {}).items():
             assert isinstance(fields, dict)
             stack_frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
-        self.frame_tables = StackFrameTables(
+        self.frame_tables = self.origin.frame_tables = StackFrameTables(
             file_names=tables.get("FileNames", {}),  # type: ignore[arg-type]
             function_names=tables.get("FunctionNames", {}),  # type: ignore[arg-type]
             file_locations=file_locations,
@@ -326,7 +323,7 @@ class Parser:
                 instruction = scope.instructions[index]
                 if instruction.is_root:
                     if root_offset is not None:
-                        raise self.error_at(instruction.position, f"computation '{name}' has more than one ROOT")
+                        raise self.error(f"computation '{name}' has more than one ROOT", instruction.offset)
                     root_offset = offset
         self.check_operands_defined(scope)
         execution_thread = None
@@ -348,9 +345,9 @@ class Parser:
         for instruction in scope.instructions:
             for operand in instruction.operands:
                 if operand not in scope.shapes:
-                    raise self.error_at(
-                        instruction.position,
+                    raise self.error(
                         f"instruction '{instruction.name}' uses '{operand}', which is not defined in its computation",
+                        instruction.offset,
                     )
 
     # -- instructions ---------------------------------------------------------------
@@ -393,11 +390,9 @@ class Parser:
         """
         text = self.text
         match = _FAST_INSTRUCTION.match
-        space = _SPACE.match
         instructions = scope.instructions
         shapes = scope.shapes
-        frame_tables = self.frame_tables
-        line, counted, line_start = self._line, self._line_offset, self._line_start
+        origin = self.origin
         pos = self.pos
         while True:
             m = match(text, pos)
@@ -410,18 +405,18 @@ class Parser:
                 if opcode not in LITERAL_OPCODES:
                     break  # operands with shapes or nested instructions
                 operand_text = literal_text.strip()
-            following = space(text, m.end()).end()
+            following = m.end()
             if text.startswith(",", following):
                 break  # the attributes go on over the next line: the general path
-            if attribute_text:
-                if (
-                    attribute_text.count("{") != attribute_text.count("}")
-                    or "//" in attribute_text
-                    or attribute_text.rstrip().endswith((",", "="))
-                ):
-                    break  # a value that spans lines, or a comment: the general path
-                if "={" in attribute_text and _INLINE_BODY.search(attribute_text):
-                    break  # an inline computation body: the general path builds it
+            if attribute_text and (
+                attribute_text.count("{") != attribute_text.count("}")
+                or "//" in attribute_text
+                or " = " in attribute_text  # an inline computation body
+                or attribute_text.rstrip()[-1] in ",="  # the value is on the next line
+            ):
+                # A value that spans lines, a comment, or an inline computation
+                # body: the general path handles those.
+                break
             try:
                 shape = shape_from_text(shape_text)
             except ShapeSyntaxError:
@@ -436,29 +431,11 @@ class Parser:
                 operands = tuple(operand_text.replace("%", "").replace(" ", "").replace("\t", "").split(","))
             else:
                 operands = ()
-            newlines = text.count("\n", counted, pos)
-            if newlines:
-                line += newlines
-                line_start = text.rfind("\n", counted, pos) + 1
-            counted = pos
             instructions.append(
-                Instruction(
-                    name,
-                    opcode,
-                    shape,
-                    operands,
-                    Position(line, pos - line_start + 1),
-                    root is not None,
-                    attribute_text,
-                    None,
-                    None,
-                    literal,
-                    frame_tables,
-                )
+                Instruction(name, opcode, shape, operands, pos, origin, root is not None, attribute_text or "", None, None, literal)
             )
             shapes[name] = shape
             pos = following
-        self._line, self._line_offset, self._line_start = line, counted, line_start
         self.pos = pos
 
     def add_instruction(
@@ -489,13 +466,13 @@ class Parser:
             opcode=opcode,
             shape=shape,
             operands=operands,
-            position=self.position(start),
+            offset=start,
+            origin=self.origin,
             is_root=is_root,
             raw_attributes=tuple(attributes),
             called=called,
             printed_opcode=printed_opcode,
             literal=literal,
-            frame_tables=self.frame_tables,
         )
         scope.instructions.append(instruction)
         scope.shapes[name] = shape
@@ -539,7 +516,8 @@ class Parser:
                     opcode="parameter",
                     shape=operand_shape,
                     operands=(),
-                    position=self.position(self.pos),
+                    offset=self.pos,
+                    origin=self.origin,
                     literal=str(index),
                 )
             )
@@ -553,11 +531,11 @@ class Parser:
                 opcode=wrapped_opcode,
                 shape=result_shape,
                 operands=tuple(params),
-                position=self.position(self.pos),
+                offset=self.pos,
+                origin=self.origin,
                 is_root=True,
                 raw_attributes=tuple(inner_attributes),
                 called=called,
-                frame_tables=self.frame_tables,
             )
         )
         wrapped_name = f"{name}.async_wrapped"

@@ -1,0 +1,107 @@
+"""Which examples exist, which frameworks and variants each has, and how many devices it needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROGRAMS = Path(__file__).parent / "programs"
+PAIR = ("bad", "fixed")
+HEALTHY = ("healthy",)
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    name: str
+    description: str
+    variants: tuple[str, ...]
+    devices: int
+    devices_per_host: int | None = None
+    # framework -> script file name under programs/
+    scripts: dict[str, str] = field(default_factory=dict)
+    reference: str | None = None
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        return tuple(self.scripts)
+
+    def script(self, framework: str) -> Path:
+        try:
+            return PROGRAMS / self.scripts[framework]
+        except KeyError:
+            raise ValueError(
+                f"example {self.name!r} has no {framework} version "
+                f"(it has: {', '.join(self.frameworks)})"
+            ) from None
+
+
+def _jax(stem: str) -> dict[str, str]:
+    return {"jax": f"{stem}.py"}
+
+
+EXAMPLES: tuple[Example, ...] = (
+    Example(
+        "fsdp-activation-gather",
+        "FSDP MLP where propagation follows the weights and all-gathers the activations",
+        PAIR, devices=4,
+        scripts={"jax": "fsdp_activation_gather.py",
+                 "torch_xla": "fsdp_activation_gather_torch_xla.py"},
+        reference="https://github.com/pytorch/xla/issues/6778",
+    ),
+    Example(
+        "non-batch-dim-sharding",
+        "data-parallel MLP whose hidden activation is constrained to shard its feature dim",
+        PAIR, devices=4, scripts=_jax("non_batch_dim_sharding"),
+    ),
+    Example(
+        "cross-host-tp",
+        "tensor-parallel MLP whose TP groups span two hosts of 4 devices (fixed: TP within a host)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("cross_host_tp"),
+    ),
+    Example(
+        "replicated-large-param",
+        "FSDP model whose largest weight (the unembedding) is left replicated",
+        PAIR, devices=4, scripts=_jax("replicated_large_param"),
+    ),
+    Example(
+        "reshard-churn",
+        "sharding constraints that alternate batch and feature sharding layer by layer",
+        PAIR, devices=4, scripts=_jax("reshard_churn"),
+    ),
+    Example(
+        "uneven-padding",
+        "vocabulary of 50257 sharded 8 ways, padded on every shard (fixed: 50304)",
+        PAIR, devices=8, scripts=_jax("uneven_padding"),
+    ),
+    Example(
+        "llama-fsdp",
+        "healthy: llama-like decoder, parameters and batch sharded over one FSDP axis",
+        HEALTHY, devices=4, scripts=_jax("llama_fsdp"),
+    ),
+    Example(
+        "llama-2d",
+        "healthy: llama-like decoder on a (fsdp=4, tp=2) mesh, Megatron-style tensor parallelism",
+        HEALTHY, devices=8, devices_per_host=8, scripts=_jax("llama_2d"),
+    ),
+    Example(
+        "llama-scan",
+        "healthy: llama-like decoder with stacked layers under lax.scan, FSDP",
+        HEALTHY, devices=4, scripts=_jax("llama_scan"),
+    ),
+    Example(
+        "train-step",
+        "healthy: FSDP training step (value_and_grad + SGD), gradient reduce-scatters",
+        HEALTHY, devices=4, scripts=_jax("train_step"),
+    ),
+)
+
+_BY_NAME = {example.name: example for example in EXAMPLES}
+
+
+def get_example(name: str) -> Example:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(
+            f"no example named {name!r}; known: {', '.join(sorted(_BY_NAME))}"
+        ) from None

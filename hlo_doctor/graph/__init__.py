@@ -1,0 +1,1 @@
+"""Dataflow graph over the IR, and sharding semantics."""

@@ -1,0 +1,1 @@
+"""Files that run inside the child process (copied out, never imported from here)."""

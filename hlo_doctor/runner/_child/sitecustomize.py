@@ -1,0 +1,367 @@
+"""Instrumentation loaded into the child process that ``hlo-doctor run`` starts.
+
+The runner copies this file into a temporary directory and puts that directory
+first on the child's ``PYTHONPATH``, so Python's ``site`` imports it at start-up.
+It must stay cheap and self-contained: it imports only the standard library,
+never jax or torch. Framework modules are patched right after they are first
+imported, through a meta path finder that wraps their loader.
+
+What it records, as JSON lines appended to the file named by
+``HLO_DOCTOR_EVENTS``:
+
+* ``mesh``: every device mesh built (``jax.sharding.Mesh``, which also covers
+  ``jax.make_mesh``; ``torch_xla.distributed.spmd.Mesh`` and ``HybridMesh``);
+* ``sharding_call``: each ``xs.mark_sharding`` call (torch_xla) and each
+  ``jax.lax.with_sharding_constraint`` call, with the user's stack;
+* ``module_call``: each ``torch.nn.Module.__call__`` made from user code,
+  once per (module class, call site);
+* ``process``: device count and framework versions, when the child exits.
+
+Any existing ``sitecustomize`` further down ``sys.path`` is loaded afterwards.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import sysconfig
+import threading
+
+_EVENTS_VAR = "HLO_DOCTOR_EVENTS"
+_USER_PATHS_VAR = "HLO_DOCTOR_USER_PATHS"
+_MAX_FRAMES = 12
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+_LIBRARY_PARTS = (
+    os.sep + "site-packages" + os.sep,
+    os.sep + "dist-packages" + os.sep,
+)
+_LIBRARY_PACKAGES = ("jax", "jaxlib", "torch", "torch_xla", "numpy", "flax", "optax")
+_lock = threading.Lock()
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = []
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.append(os.path.realpath(path) + os.sep)
+    return tuple(roots)
+
+
+_STDLIB_ROOTS = _library_roots()
+_USER_ROOTS = tuple(
+    os.path.realpath(p) + os.sep
+    for p in os.environ.get(_USER_PATHS_VAR, "").split(os.pathsep)
+    if p
+)
+
+
+def _is_user_file(filename: str) -> bool:
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    if path.startswith(_HERE + os.sep):
+        return False
+    if any(path.startswith(root) for root in _USER_ROOTS):
+        return True
+    if any(part in path for part in _LIBRARY_PARTS):
+        return False
+    if any(path.startswith(root) for root in _STDLIB_ROOTS):
+        return False
+    parts = path.split(os.sep)
+    return not any(package in parts for package in _LIBRARY_PACKAGES)
+
+
+def _user_stack(skip: int = 2) -> list[dict]:
+    """The caller's stack, innermost first, keeping user frames only."""
+    frames = []
+    frame = sys._getframe(skip)
+    while frame is not None and len(frames) < _MAX_FRAMES:
+        code = frame.f_code
+        if _is_user_file(code.co_filename):
+            frames.append(
+                {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name}
+            )
+        frame = frame.f_back
+    return frames
+
+
+def _emit(event: dict) -> None:
+    path = os.environ.get(_EVENTS_VAR)
+    if not path:
+        return
+    line = json.dumps(event, default=repr) + "\n"
+    with _lock:
+        try:
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(line)
+        except OSError:
+            pass
+
+
+def _report_error(where: str, error: Exception) -> None:
+    _emit({"event": "instrumentation_error", "where": where, "error": repr(error)})
+
+
+def _guard(function):
+    """Instrumentation must never break the user's program."""
+
+    def guarded(*args, **kwargs):
+        try:
+            function(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - report and carry on
+            _report_error(function.__name__, error)
+
+    guarded.__name__ = function.__name__
+    return guarded
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]
+
+
+# --- JAX -------------------------------------------------------------------
+
+
+@_guard
+def _record_jax_mesh(mesh) -> None:
+    if not mesh.axis_names:
+        return
+    devices = mesh.devices
+    _emit(
+        {
+            "event": "mesh",
+            "framework": "jax",
+            "kind": type(mesh).__name__,
+            "axis_names": [str(a) for a in mesh.axis_names],
+            "shape": _ints(devices.shape),
+            "device_ids": [int(d.id) for d in devices.flat],
+            "stack": _user_stack(3),
+        }
+    )
+
+
+def _patch_jax_mesh(module) -> None:
+    mesh_class = module.Mesh
+    original = mesh_class.__dict__["__new__"]
+    original = getattr(original, "__func__", original)
+
+    def __new__(cls, *args, **kwargs):
+        mesh = original(cls, *args, **kwargs)
+        _record_jax_mesh(mesh)
+        return mesh
+
+    mesh_class.__new__ = staticmethod(__new__)
+
+
+def _patch_jax_pjit(module) -> None:
+    original = module.with_sharding_constraint
+
+    def with_sharding_constraint(x, shardings):
+        _record_sharding_call("with_sharding_constraint", shardings, x, None)
+        return original(x, shardings)
+
+    with_sharding_constraint.__doc__ = original.__doc__
+    with_sharding_constraint.__wrapped__ = original
+    module.with_sharding_constraint = with_sharding_constraint
+
+
+# --- torch_xla ---------------------------------------------------------------
+
+
+@_guard
+def _record_torch_xla_mesh(mesh) -> None:
+    _emit(
+        {
+            "event": "mesh",
+            "framework": "torch_xla",
+            "kind": type(mesh).__name__,
+            "axis_names": [str(a) for a in (mesh.axis_names or ())],
+            "shape": _ints(mesh.mesh_shape),
+            "device_ids": _ints(list(mesh.device_ids)),
+            "stack": _user_stack(3),
+        }
+    )
+
+
+@_guard
+def _record_sharding_call(function: str, spec, tensor, mesh) -> None:
+    stack = _user_stack(3)
+    if not stack:
+        return
+    if hasattr(spec, "spec") and hasattr(spec, "mesh"):  # a jax NamedSharding
+        spec, mesh = spec.spec, spec.mesh
+    event = {"event": "sharding_call", "function": function, "spec": repr(spec)}
+    axis_names = getattr(mesh, "axis_names", None)
+    if axis_names is not None:
+        event["mesh_axis_names"] = [str(a) for a in axis_names]
+    shape = getattr(tensor, "shape", None)
+    if shape is not None:
+        event["shape"] = _ints(shape)
+    event["stack"] = stack
+    _emit(event)
+
+
+def _patch_torch_xla_sharding(module) -> None:
+    mesh_class = module.Mesh
+    original_init = mesh_class.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        _record_torch_xla_mesh(self)
+
+    mesh_class.__init__ = __init__
+
+    original_mark = module.mark_sharding
+
+    def mark_sharding(t, mesh, partition_spec, *args, **kwargs):
+        _record_sharding_call("mark_sharding", partition_spec, t, mesh)
+        return original_mark(t, mesh, partition_spec, *args, **kwargs)
+
+    mark_sharding.__doc__ = original_mark.__doc__
+    mark_sharding.__wrapped__ = original_mark
+    module.mark_sharding = mark_sharding
+
+
+# --- torch.nn.Module ---------------------------------------------------------
+
+_seen_module_calls: dict[tuple, dict] = {}
+
+
+@_guard
+def _record_module_call(module) -> None:
+    stack = _user_stack(3)
+    if not stack:
+        return
+    key = (type(module).__qualname__, stack[0]["file"], stack[0]["line"])
+    seen = _seen_module_calls.get(key)
+    if seen is not None:
+        seen["count"] += 1
+        return
+    cls = type(module)
+    _seen_module_calls[key] = {
+        "event": "module_call",
+        "module_class": f"{cls.__module__}.{cls.__qualname__}",
+        "file": stack[0]["file"],
+        "line": stack[0]["line"],
+        "stack": stack,
+        "count": 1,
+    }
+
+
+def _patch_torch_module(module) -> None:
+    module_class = module.Module
+    original_call = module_class.__call__
+
+    def __call__(self, *args, **kwargs):
+        _record_module_call(self)
+        return original_call(self, *args, **kwargs)
+
+    module_class.__call__ = __call__
+
+
+# --- process summary -----------------------------------------------------------
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    versions = {"python": sys.version.split()[0]}
+    for name in ("jax", "jaxlib", "torch", "torch_xla", "numpy"):
+        if name in sys.modules:
+            try:
+                versions[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                pass
+    return versions
+
+
+def _device_count():
+    """JAX's device count, when JAX already started a backend (never start one)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is None or not getattr(bridge, "_backends", None):
+        return None
+    try:
+        return int(sys.modules["jax"].device_count())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _at_exit() -> None:
+    for event in _seen_module_calls.values():
+        _emit(event)
+    _emit({"event": "process", "device_count": _device_count(), "versions": _versions()})
+
+
+# --- import hooks -------------------------------------------------------------
+
+_PATCHES = {
+    "jax._src.mesh": _patch_jax_mesh,
+    "jax._src.pjit": _patch_jax_pjit,
+    "torch_xla.distributed.spmd.xla_sharding": _patch_torch_xla_sharding,
+    "torch.nn.modules.module": _patch_torch_module,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self._loader = loader
+        self._patch = patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._patch(module)
+        except Exception as error:  # noqa: BLE001
+            _report_error(module.__name__, error)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+def _chain_sitecustomize() -> None:
+    """Run the sitecustomize this one shadows, if there is one."""
+    path = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_hlo_doctor_chained_sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+def _install() -> None:
+    if not os.environ.get(_EVENTS_VAR):
+        return
+    if not any(isinstance(f, _PatchingFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchingFinder())
+        atexit.register(_at_exit)
+
+
+_install()
+_chain_sitecustomize()

@@ -1,0 +1,130 @@
+"""``hlo-doctor run`` and ``hlo-doctor examples``: thin click commands over the runner."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from hlo_doctor.runner.detect import FrameworkError
+from hlo_doctor.runner.run import RunError, RunResult, run_example, run_script
+
+_ANALYSIS_MODULE = "hlo_doctor.analysis"
+
+
+def _split_command(command: tuple[str, ...]) -> tuple[str | None, str, list[str]]:
+    """``python train.py --lr 1`` -> (python, train.py, [--lr, 1]); ``train.py`` alone works too."""
+    first, rest = command[0], list(command[1:])
+    if os.path.basename(first).startswith("python") and not first.endswith(".py"):
+        if not rest or rest[0].startswith("-"):
+            raise click.UsageError("expected `python SCRIPT [ARGS...]` after `--`")
+        return first, rest[0], rest[1:]
+    return None, first, rest
+
+
+def _default_dump_dir(stem: str) -> Path:
+    return Path("hlo-doctor-dumps") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _summarize(result: RunResult) -> None:
+    sidecar = result.sidecar
+    click.echo(
+        f"framework {sidecar['framework']}, partitioner {sidecar['partitioner'] or 'unknown'}, "
+        f"{sidecar['device_count'] or '?'} devices"
+    )
+    for mesh in sidecar["meshes"]:
+        axes = ", ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"], strict=True))
+        click.echo(f"mesh ({axes}) devices {mesh['device_ids']}")
+
+
+def _analyze(dump_dir: Path) -> None:
+    if importlib.util.find_spec(_ANALYSIS_MODULE) is None:
+        click.echo("analysis not available")
+        click.echo(f"dump: {dump_dir}")
+        return
+    report = importlib.import_module(_ANALYSIS_MODULE).analyze_dump(dump_dir)
+    if report is not None:
+        click.echo(report)
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the dump (new or empty). Default: ./hlo-doctor-dumps/SCRIPT-TIME")
+@click.option("--framework", type=click.Choice(["jax", "torch-xla", "torch_xla"],
+              case_sensitive=False), help="Default: read from the script's imports.")
+@click.option("--devices", type=click.IntRange(min=1),
+              help="Simulate this many CPU devices.")
+@click.option("--devices-per-host", type=click.IntRange(min=1),
+              help="Devices per host to assume when judging cross-host collectives.")
+@click.option("--shardy/--gspmd", "shardy", default=None,
+              help="JAX only: the partitioner (default: JAX's own default).")
+@click.option("--no-analyze", is_flag=True, help="Only produce the dump.")
+@click.option("--example", "example", metavar="NAME",
+              help="Run a gallery example instead of a script (see `hlo-doctor examples`).")
+@click.option("--variant", type=click.Choice(["bad", "fixed", "healthy"]),
+              help="The example's variant (default: its first).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analyze, example,
+                variant, command):
+    """Run a JAX or torch_xla script with HLO dumping on, then analyze the dump.
+
+    \b
+      hlo-doctor run --devices 8 -- python train.py --steps 1
+      hlo-doctor run --example fsdp-activation-gather --variant bad
+    """
+    partitioner = None if shardy is None else ("shardy" if shardy else "gspmd")
+    try:
+        if example is not None:
+            if command or devices is not None or devices_per_host is not None:
+                raise click.UsageError("--example takes no script, --devices or --devices-per-host")
+            from hlo_doctor.examples import get_example
+
+            entry = get_example(example)
+            framework = framework or entry.frameworks[0]
+            result = run_example(
+                example, framework=framework, variant=variant or entry.variants[0],
+                dump_dir=dump_dir or _default_dump_dir(example), partitioner=partitioner,
+                echo=True,
+            )
+        else:
+            if not command:
+                raise click.UsageError("give a script: hlo-doctor run [OPTIONS] -- python SCRIPT")
+            if variant is not None:
+                raise click.UsageError("--variant needs --example")
+            python, script, args = _split_command(command)
+            result = run_script(
+                script, args, dump_dir=dump_dir or _default_dump_dir(Path(script).stem),
+                framework=framework, devices=devices, partitioner=partitioner,
+                devices_per_host=devices_per_host, python=python, echo=True,
+            )
+    except RunError as error:
+        click.echo(f"error: {error}; last lines of its stderr:", err=True)
+        click.echo(error.format_tail(), err=True)
+        sys.exit(2)
+    except (FrameworkError, ValueError, FileNotFoundError) as error:
+        raise click.UsageError(str(error)) from None
+
+    _summarize(result)
+    if no_analyze:
+        click.echo(f"dump: {result.dump_dir}")
+    else:
+        _analyze(result.dump_dir)
+
+
+@click.command("examples")
+def examples_command():
+    """List the example gallery: one example per line."""
+    from hlo_doctor.examples import EXAMPLES
+
+    width = max(len(e.name) for e in EXAMPLES)
+    for e in EXAMPLES:
+        frameworks = ",".join(f.replace("_", "-") for f in e.frameworks)
+        click.echo(
+            f"{e.name:<{width}}  {'/'.join(e.variants):<9}  {e.devices} dev  "
+            f"{frameworks:<13}  {e.description}"
+        )

@@ -1,0 +1,63 @@
+"""The child's environment: dump flags, device count, partitioner, instrumentation."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from hlo_doctor.runner.detect import JAX, TORCH_XLA
+from hlo_doctor.runner.flags import DUMP_PASS_RE, merge_xla_flags
+
+EVENTS_VAR = "HLO_DOCTOR_EVENTS"
+USER_PATHS_VAR = "HLO_DOCTOR_USER_PATHS"
+PARTITIONERS = ("shardy", "gspmd")
+
+
+def build_env(
+    base: Mapping[str, str],
+    *,
+    framework: str,
+    dump_dir: Path,
+    devices: int | None = None,
+    partitioner: str | None = None,
+    bootstrap_dir: Path | None = None,
+    events_file: Path | None = None,
+    user_paths: tuple[Path, ...] = (),
+) -> dict[str, str]:
+    """A copy of ``base`` set up to dump the SPMD passes of ``framework`` into ``dump_dir``."""
+    if partitioner is not None and partitioner not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {partitioner!r}; expected shardy or gspmd")
+    if partitioner is not None and framework != JAX:
+        raise ValueError("only JAX lets you choose the partitioner; torch_xla always uses GSPMD")
+    if devices is not None and devices < 1:
+        raise ValueError(f"devices must be at least 1, got {devices}")
+
+    env = dict(base)
+    ours: dict[str, str | None] = {
+        "xla_dump_to": str(dump_dir),
+        "xla_dump_hlo_pass_re": DUMP_PASS_RE,
+    }
+    if framework == JAX:
+        if devices is not None:
+            ours["xla_force_host_platform_device_count"] = str(devices)
+            env["JAX_PLATFORMS"] = "cpu"
+        if partitioner is not None:
+            env["JAX_USE_SHARDY_PARTITIONER"] = "1" if partitioner == "shardy" else "0"
+    elif framework == TORCH_XLA:
+        if devices is not None:
+            env["PJRT_DEVICE"] = "CPU"
+            env["CPU_NUM_DEVICES"] = str(devices)
+        env["XLA_HLO_DEBUG"] = "1"
+    else:
+        raise ValueError(f"unknown framework {framework!r}")
+    env["XLA_FLAGS"] = merge_xla_flags(base.get("XLA_FLAGS"), ours)
+
+    if bootstrap_dir is not None:
+        old = base.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join([str(bootstrap_dir)] + ([old] if old else []))
+    if events_file is not None:
+        env[EVENTS_VAR] = str(events_file)
+    if user_paths:
+        env[USER_PATHS_VAR] = os.pathsep.join(str(p) for p in user_paths)
+    return env

@@ -1,0 +1,183 @@
+"""Run a user's script in a child process that dumps its HLO, then describe and trim the dump."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hlo_doctor.runner.detect import JAX, detect_framework, normalize_framework
+from hlo_doctor.runner.environment import build_env
+from hlo_doctor.runner.sidecar import (
+    build_sidecar,
+    infer_partitioner,
+    read_events,
+    write_sidecar,
+)
+from hlo_doctor.runner.trim import DEFAULT_SIZE_CAP, TrimReport, trim_dump
+
+STDERR_TAIL_LINES = 20
+_BOOTSTRAP = Path(__file__).parent / "_child" / "sitecustomize.py"
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    dump_dir: Path
+    sidecar_path: Path
+    sidecar: dict[str, Any]
+    returncode: int
+    trim: TrimReport
+    stdout: str | None
+    stderr_tail: tuple[str, ...]
+
+
+class RunError(RuntimeError):
+    """The script exited non-zero; carries its exit code and the last lines of its stderr."""
+
+    def __init__(self, command: Sequence[str], returncode: int, stderr_tail: Sequence[str],
+                 dump_dir: Path):
+        self.command = list(command)
+        self.returncode = returncode
+        self.stderr_tail = tuple(stderr_tail)
+        self.dump_dir = dump_dir
+        super().__init__(f"{' '.join(self.command)} exited with code {returncode}")
+
+    def format_tail(self) -> str:
+        return "\n".join(self.stderr_tail)
+
+
+def _prepare_dump_dir(dump_dir: Path) -> Path:
+    dump_dir = dump_dir.resolve()
+    if dump_dir.exists() and not dump_dir.is_dir():
+        raise ValueError(f"{dump_dir}: not a directory")
+    if dump_dir.is_dir() and any(dump_dir.iterdir()):
+        raise ValueError(f"{dump_dir}: dump folder is not empty; choose a new one")
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    return dump_dir
+
+
+def _run_child(command: list[str], env: dict[str, str], *, echo: bool, echo_stderr: bool,
+               timeout: float | None) -> tuple[int, str | None, list[str]]:
+    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as out:
+        process = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL,
+            stdout=None if echo else out, stderr=subprocess.PIPE,
+            text=True, errors="replace",
+        )
+        try:
+            assert process.stderr is not None
+            for line in process.stderr:
+                if echo_stderr:
+                    sys.stderr.write(line)
+                tail.append(line.rstrip("\n"))
+            returncode = process.wait(timeout=timeout)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        stdout = None
+        if not echo:
+            out.seek(0)
+            stdout = out.read()
+    return returncode, stdout, list(tail)
+
+
+def run_script(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    dump_dir: str | Path,
+    framework: str | None = None,
+    devices: int | None = None,
+    partitioner: str | None = None,
+    devices_per_host: int | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    echo: bool = False,
+    echo_stderr: bool = False,
+    timeout: float | None = None,
+    size_cap: int = DEFAULT_SIZE_CAP,
+    example: dict[str, str] | None = None,
+) -> RunResult:
+    """Run ``python script *args`` with HLO dumping on, then write the sidecar and trim.
+
+    ``env`` replaces ``os.environ`` as the base environment. With ``echo`` the script's
+    stdout goes to ours instead of ``RunResult.stdout``; ``echo_stderr`` copies its stderr
+    to ours as it comes (the last lines are kept either way). ``framework`` is read from
+    the script's imports when not given. Raises RunError when the script fails.
+    """
+    script = Path(script)
+    if not script.is_file():
+        raise FileNotFoundError(f"{script}: no such script")
+    framework = normalize_framework(framework) if framework else detect_framework(script)
+    dump = _prepare_dump_dir(Path(dump_dir))
+    command = [python or sys.executable, str(script), *args]
+
+    with tempfile.TemporaryDirectory(prefix="hlo-doctor-run-") as scratch:
+        scratch_dir = Path(scratch)
+        bootstrap = scratch_dir / "bootstrap"
+        bootstrap.mkdir()
+        shutil.copy(_BOOTSTRAP, bootstrap / "sitecustomize.py")
+        events_file = scratch_dir / "events.jsonl"
+        child_env = build_env(
+            os.environ if env is None else env,
+            framework=framework, dump_dir=dump, devices=devices, partitioner=partitioner,
+            bootstrap_dir=bootstrap, events_file=events_file,
+            user_paths=(script.resolve().parent,),
+        )
+        returncode, stdout, tail = _run_child(
+            command, child_env, echo=echo, echo_stderr=echo_stderr, timeout=timeout
+        )
+        events = read_events(events_file)
+
+    if returncode != 0:
+        raise RunError(command, returncode, tail, dump)
+
+    effective_partitioner = partitioner if framework == JAX and partitioner else None
+    sidecar = build_sidecar(
+        command=command, framework=framework,
+        partitioner=effective_partitioner or infer_partitioner(dump, framework),
+        devices=devices, devices_per_host=devices_per_host, events=events, example=example,
+    )
+    sidecar_path = write_sidecar(dump, sidecar)
+    report = trim_dump(dump, size_cap=size_cap)
+    return RunResult(dump, sidecar_path, sidecar, returncode, report, stdout, tuple(tail))
+
+
+def run_example(
+    name: str,
+    *,
+    framework: str,
+    variant: str,
+    dump_dir: str | Path,
+    partitioner: str | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    echo: bool = False,
+    echo_stderr: bool = False,
+    timeout: float | None = None,
+) -> RunResult:
+    """Run one gallery example (see ``hlo_doctor.examples``) through :func:`run_script`."""
+    from hlo_doctor.examples import get_example
+
+    example = get_example(name)
+    framework = normalize_framework(framework)
+    script = example.script(framework)
+    if variant not in example.variants:
+        raise ValueError(
+            f"example {name!r} has variants {', '.join(example.variants)}; not {variant!r}"
+        )
+    return run_script(
+        script, ["--variant", variant], dump_dir=dump_dir, framework=framework,
+        devices=example.devices, partitioner=partitioner,
+        devices_per_host=example.devices_per_host, env=env, python=python, echo=echo,
+        echo_stderr=echo_stderr, timeout=timeout, example={"name": name, "variant": variant},
+    )

@@ -1,0 +1,149 @@
+"""``hlo_doctor_run.json``: what the runner knows about a dump that XLA does not write.
+
+Schema (version 1)::
+
+    {"schema_version": 1,
+     "command": ["python", "train.py", ...],
+     "framework": "jax" | "torch_xla",
+     "versions": {"python": ..., "hlo_doctor": ..., "jax": ..., "jaxlib": ...,
+                  "torch": ..., "torch_xla": ..., "numpy": ...},  # those installed/imported
+     "partitioner": "shardy" | "gspmd" | null,
+     "device_count": int | null,
+     "devices_per_host": int | null,
+     "meshes": [{"axis_names": [...], "shape": [...], "device_ids": [...],
+                 "kind": "Mesh" | "HybridMesh", "stack": [...]}],
+     "sharding_calls": [{"function": "mark_sharding" | "with_sharding_constraint", "spec": ...,
+                         "mesh_axis_names": [...], "shape": [...], "stack": [...], "count": n}],
+     "module_calls": [{"module_class": ..., "file": ..., "line": ..., "count": n,
+                       "stack": [...]}],
+     "example": {"name": ..., "variant": ...} | null,
+     "instrumentation_errors": [{"where": ..., "error": ...}]}  # the hook failing, not the script
+
+Stacks list user frames only, innermost first: ``{"file", "line", "function"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+SIDECAR_NAME = "hlo_doctor_run.json"
+_VERSIONED = {"jax": ("jax", "jaxlib"), "torch_xla": ("torch", "torch_xla")}
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines the child wrote; a torn last line (a crash mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def installed_versions(framework: str) -> dict[str, str]:
+    versions = {"python": sys.version.split()[0]}
+    for name in ("hlo-doctor", *_VERSIONED.get(framework, ())):
+        try:
+            versions[name.replace("-", "_")] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _unique_meshes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    meshes: dict[tuple, dict[str, Any]] = {}
+    for event in events:
+        if event.get("event") != "mesh":
+            continue
+        key = (tuple(event["axis_names"]), tuple(event["shape"]), tuple(event["device_ids"]))
+        if key not in meshes:
+            meshes[key] = {
+                "axis_names": event["axis_names"],
+                "shape": event["shape"],
+                "device_ids": event["device_ids"],
+                "kind": event.get("kind"),
+                "stack": event.get("stack", []),
+            }
+    return list(meshes.values())
+
+
+def _strip(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if k != "event"}
+
+
+def _unique_sharding_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per distinct call (a training loop repeats them), with a count."""
+    calls: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if event.get("event") != "sharding_call":
+            continue
+        call = _strip(event)
+        key = json.dumps(call, sort_keys=True)
+        if key in calls:
+            calls[key]["count"] += 1
+        else:
+            calls[key] = {**call, "count": 1}
+    return list(calls.values())
+
+
+def infer_partitioner(dump_dir: Path, framework: str) -> str | None:
+    """Shardy leaves a ``shardy/`` folder or ``after_shardy`` snapshots; GSPMD does not."""
+    if framework == "torch_xla":
+        return "gspmd"
+    if (dump_dir / "shardy").is_dir() or any(dump_dir.glob("*shardy*")):
+        return "shardy"
+    if any(dump_dir.glob("*spmd-partitioning*")):
+        return "gspmd"
+    return None
+
+
+def build_sidecar(
+    *,
+    command: list[str],
+    framework: str,
+    partitioner: str | None,
+    devices: int | None,
+    devices_per_host: int | None,
+    events: list[dict[str, Any]],
+    example: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    process = next((e for e in reversed(events) if e.get("event") == "process"), {})
+    versions = installed_versions(framework)
+    versions.update(process.get("versions", {}))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": list(command),
+        "framework": framework,
+        "versions": versions,
+        "partitioner": partitioner,
+        "device_count": devices if devices is not None else process.get("device_count"),
+        "devices_per_host": devices_per_host,
+        "meshes": _unique_meshes(events),
+        "sharding_calls": _unique_sharding_calls(events),
+        "module_calls": [_strip(e) for e in events if e.get("event") == "module_call"],
+        "example": example,
+        "instrumentation_errors": [
+            _strip(e) for e in events if e.get("event") == "instrumentation_error"
+        ],
+    }
+
+
+def write_sidecar(dump_dir: Path, sidecar: dict[str, Any]) -> Path:
+    path = dump_dir / SIDECAR_NAME
+    path.write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_sidecar(dump_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(dump_dir) / SIDECAR_NAME
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
