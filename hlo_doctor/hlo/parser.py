@@ -12,6 +12,7 @@ from caching shapes by text. Every error is a :class:`ParseError` at
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterable
 
@@ -60,7 +61,10 @@ _OPERAND = r"(?:/\*index=\d+\*/)?%?[\w.\-]+"
 _FAST_SHAPE = r"(?:[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^}\n]*\})?|\((?:[^()\n]|\([^()\n]*\))*\))"
 _FAST_INSTRUCTION = re.compile(
     r"(ROOT[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)[ \t]*=[ \t]*(" + _FAST_SHAPE + r")[ \t]+"
-    r"([a-z][a-z0-9\-]*)\((?:((?:" + _OPERAND + r"(?:,[ \t]*" + _OPERAND + r")*)?)|([^()\n]*))\)[ \t]*(,[^\n]*)?(?:\Z|\n\s*)"
+    r"([a-z][a-z0-9\-]*)\((?:((?:" + _OPERAND + r"(?:, *" + _OPERAND + r")*)?)|([^()\n]*))\)[ \t]*"
+    # Attributes to the end of the line; a trailing ',' or '=' or a ',' that
+    # starts the next line means they go on, which the general path handles.
+    r"(,[^\n]*[^\s,=])?[ \t\r]*(?:\Z|\n\s*)(?!,)"
 )
 _INLINE_BODY = re.compile(
     r"(?:to_apply|calls|body|condition|branch_computations|true_computation|false_computation"
@@ -69,6 +73,7 @@ _INLINE_BODY = re.compile(
 _FAST_HEADER = re.compile(
     r"(ENTRY[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)(?:[ \t]*\([^\n]*\)[ \t]*->[^\n]*?)?[ \t]*\{[ \t]*(?=\r?\n)"
 )
+_OPERAND_NAME = re.compile(r"[^%, ]+")
 _BLOCK_COMMENT = re.compile(r"/\*.*?\*/")
 _FAST_ATTRIBUTE = re.compile(r",[ \t]*([A-Za-z_][\w.\-]*)=(" + _VALUE + ")")
 
@@ -109,12 +114,23 @@ UNKNOWN_SHAPE = Shape("unknown")
 class _Scope:
     """Instructions of the computation being parsed, in order."""
 
-    __slots__ = ("instructions", "shapes", "async_starts")
+    __slots__ = ("instructions", "by_name", "async_starts", "roots")
 
     def __init__(self) -> None:
         self.instructions: list[Instruction] = []
-        self.shapes: dict[str, Shape] = {}
+        self.by_name: dict[str, Instruction] = {}
         self.async_starts: dict[str, tuple[str, ...]] = {}
+        self.roots: list[Instruction] = []
+
+    def shape_of(self, name: str) -> Shape:
+        instruction = self.by_name.get(name)
+        return instruction.shape if instruction is not None else UNKNOWN_SHAPE
+
+    def add(self, instruction: Instruction) -> None:
+        self.instructions.append(instruction)
+        self.by_name[instruction.name] = instruction
+        if instruction.is_root:
+            self.roots.append(instruction)
 
 
 class Parser:
@@ -306,25 +322,20 @@ class Parser:
         position = self.position(start)
         self.expect("{")
         scope = _Scope()
-        root_offset = None
+        text = self.text
         while True:
-            c = self.peek()
+            self.pos = _SPACE.match(text, self.pos).end()
+            self.parse_fast_instructions(scope)
+            self.pos = _SPACE.match(text, self.pos).end()
+            c = text[self.pos : self.pos + 1]
             if c == "}":
                 self.pos += 1
                 break
             if not c:
                 raise self.error(f"unterminated computation '{name}': missing '}}'")
-            offset = self.pos
-            count = len(scope.instructions)
-            self.parse_fast_instructions(scope)
-            if len(scope.instructions) == count:
-                self.parse_instruction(scope)
-            for index in range(count, len(scope.instructions)):
-                instruction = scope.instructions[index]
-                if instruction.is_root:
-                    if root_offset is not None:
-                        raise self.error(f"computation '{name}' has more than one ROOT", instruction.offset)
-                    root_offset = offset
+            self.parse_instruction(scope)
+        if len(scope.roots) > 1:
+            raise self.error(f"computation '{name}' has more than one ROOT", scope.roots[1].offset)
         self.check_operands_defined(scope)
         execution_thread = None
         save = self.pos
@@ -342,9 +353,12 @@ class Parser:
         return computation
 
     def check_operands_defined(self, scope: _Scope) -> None:
+        used = set().union(*[i.operands for i in scope.instructions])
+        if used <= scope.by_name.keys():
+            return
         for instruction in scope.instructions:
             for operand in instruction.operands:
-                if operand not in scope.shapes:
+                if operand not in scope.by_name:
                     raise self.error(
                         f"instruction '{instruction.name}' uses '{operand}', which is not defined in its computation",
                         instruction.offset,
@@ -356,7 +370,7 @@ class Parser:
         start = self.pos
         is_root = self.parse_optional_keyword("ROOT")
         name = self.parse_name("an instruction name")
-        if name in scope.shapes:
+        if name in scope.by_name:
             raise self.error(f"instruction '{name}' is already defined in this computation", start)
         self.expect("=", f" after instruction name '{name}'")
         self.skip_space()
@@ -391,28 +405,23 @@ class Parser:
         text = self.text
         match = _FAST_INSTRUCTION.match
         instructions = scope.instructions
-        shapes = scope.shapes
+        by_name = scope.by_name
         origin = self.origin
+        operand_names = _OPERAND_NAME.findall
         pos = self.pos
         while True:
             m = match(text, pos)
             if m is None:
                 break
             root, name, shape_text, opcode, operand_text, literal_text, attribute_text = m.groups()
-            if opcode not in OPCODES or name in shapes:
+            if opcode not in OPCODES or name in by_name:
                 break
-            if literal_text is not None:
-                if opcode not in LITERAL_OPCODES:
-                    break  # operands with shapes or nested instructions
-                operand_text = literal_text.strip()
-            following = m.end()
-            if text.startswith(",", following):
-                break  # the attributes go on over the next line: the general path
-            if attribute_text and (
+            if attribute_text is None:
+                attribute_text = ""
+            elif (
                 attribute_text.count("{") != attribute_text.count("}")
                 or "//" in attribute_text
-                or " = " in attribute_text  # an inline computation body
-                or attribute_text.rstrip()[-1] in ",="  # the value is on the next line
+                or " = " in attribute_text
             ):
                 # A value that spans lines, a comment, or an inline computation
                 # body: the general path handles those.
@@ -422,20 +431,29 @@ class Parser:
             except ShapeSyntaxError:
                 break
             literal = None
-            if opcode in LITERAL_OPCODES:
-                literal = operand_text
+            if literal_text is not None:
+                if opcode not in LITERAL_OPCODES:
+                    break  # operands with shapes or nested instructions
+                literal = literal_text.strip()
                 operands: tuple[str, ...] = ()
+            elif opcode in LITERAL_OPCODES:
+                literal = operand_text
+                operands = ()
             elif operand_text:
                 if "/" in operand_text:
                     operand_text = _BLOCK_COMMENT.sub("", operand_text)
-                operands = tuple(operand_text.replace("%", "").replace(" ", "").replace("\t", "").split(","))
+                operands = tuple(operand_names(operand_text))
             else:
                 operands = ()
-            instructions.append(
-                Instruction(name, opcode, shape, operands, pos, origin, root is not None, attribute_text or "", None, None, literal)
+            is_root = root is not None
+            instruction = Instruction(
+                name, opcode, shape, operands, pos, origin, is_root, attribute_text, None, None, literal
             )
-            shapes[name] = shape
-            pos = following
+            instructions.append(instruction)
+            by_name[name] = instruction
+            if is_root:
+                scope.roots.append(instruction)
+            pos = m.end()
         self.pos = pos
 
     def add_instruction(
@@ -474,8 +492,7 @@ class Parser:
             printed_opcode=printed_opcode,
             literal=literal,
         )
-        scope.instructions.append(instruction)
-        scope.shapes[name] = shape
+        scope.add(instruction)
         return name
 
     def desugar_async(self, opcode: str, offset: int) -> tuple[str, str]:
@@ -509,8 +526,8 @@ class Parser:
         params = []
         for index, operand in enumerate(operands):
             param_name = f"{name}.async_param.{index}"
-            operand_shape = scope.shapes.get(operand, UNKNOWN_SHAPE)
-            inner.instructions.append(
+            operand_shape = scope.shape_of(operand)
+            inner.add(
                 Instruction(
                     name=param_name,
                     opcode="parameter",
@@ -521,11 +538,10 @@ class Parser:
                     literal=str(index),
                 )
             )
-            inner.shapes[param_name] = operand_shape
             params.append(param_name)
         result_shape = shape.tuple_shapes[1] if shape.is_tuple and len(shape.tuple_shapes) > 1 else shape
         inner_attributes = [(k, v) for k, v in attributes if k not in _ASYNC_WRAPPER_KEYS]
-        inner.instructions.append(
+        inner.add(
             Instruction(
                 name=f"{name}.async_op",
                 opcode=wrapped_opcode,
@@ -801,15 +817,14 @@ def make_computation(
     parameter_shapes: tuple[Shape, ...],
     execution_thread: str | None,
 ) -> Computation:
-    instructions = tuple(scope.instructions)
     return Computation(
         name=name,
-        instructions=instructions,
+        instructions=tuple(scope.instructions),
         position=position,
         is_entry=is_entry,
         parameter_shapes=parameter_shapes,
         execution_thread=execution_thread,
-        by_name={i.name: i for i in instructions},
+        by_name=scope.by_name,
     )
 
 
@@ -847,7 +862,7 @@ def infer_shape(
     opcode: str, operands: tuple[str, ...], attributes: list[tuple[str, str]], scope: _Scope
 ) -> Shape:
     """The shape XLA would infer for an instruction written without one."""
-    shapes = [scope.shapes.get(o, UNKNOWN_SHAPE) for o in operands]
+    shapes = [scope.shape_of(o) for o in operands]
     if opcode == "tuple":
         return Shape("tuple", tuple_shapes=tuple(shapes))
     if opcode == "get-tuple-element" and shapes and shapes[0].is_tuple:
@@ -870,7 +885,14 @@ def parse_module(text: str, *, path: str | None = None) -> HloModule:
     if not isinstance(text, str):
         raise TypeError("parse_module expects str; decode bytes first")
     parser = Parser(text, None if path is None else str(path))
+    # The IR is acyclic and allocated in bulk: pausing the cyclic garbage
+    # collector avoids repeated scans of the young objects while we build it.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return parser.parse_module()
     except RecursionError:
         raise parser.error("nesting too deep") from None
+    finally:
+        if collecting:
+            gc.enable()
