@@ -16,7 +16,9 @@ import gc
 import re
 from collections.abc import Iterable
 
+from hlo_doctor.hlo import fast_path
 from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.hlo.lexer import NAME, SPACE, STRING, Scanner, unescape
 from hlo_doctor.hlo.ir import (
     ELEMENT_BITS,
     Computation,
@@ -30,52 +32,11 @@ from hlo_doctor.hlo.ir import (
 from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 
-_SPACE = re.compile(r"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
-_NAME = re.compile(r"%?([A-Za-z0-9_][\w.\-]*)")
 _ATTR_KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
 _ARRAY_START = re.compile(r"([a-z][a-z0-9]*)\s*\[|(b)\(")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_BRACE_EVENT = re.compile(r'[{}"]')
-_BARE_VALUE_EVENT = re.compile(r'[\s,{}()\[\]"]')
 _TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"(?:[^\"\\]|\\.)*\"|\{[^}\n]*\})")
 _TABLE_FIELD = re.compile(r"(\w+)=(-?\d+)")
-
-# The fast path: one regex for a whole instruction line as XLA prints it
-# (bare operand names, one line, no comments). Anything else takes the general
-# recursive-descent path, which accepts the full grammar.
-_Q = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
-_PLAIN = r'[^{}"\n]*'
-
-
-def _braced(inner: str) -> str:
-    """A ``{...}`` group whose nested groups match ``inner`` (unrolled loop)."""
-    return r"\{" + _PLAIN + "(?:(?:" + _Q + ("|" + inner if inner else "") + ")" + _PLAIN + r")*\}"
-
-
-_BRACED = _braced(_braced(_braced("")))
-_BARE = r"(?:[^\s,{}()\[\]\"]|\[[^\]\n]*\])+(?:\([^()\n]*\))?"
-_MESH_GROUPS = r"mesh\[[^\]\n]*\][ \t]*\{[^}\n]*\}"
-_VALUE = "(?:" + _BRACED + "|" + _Q + "|" + _MESH_GROUPS + "|" + _BARE + ")"
-_OPERAND = r"(?:/\*index=\d+\*/)?%?[\w.\-]+"
-_FAST_SHAPE = r"(?:[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[^}\n]*\})?|\((?:[^()\n]|\([^()\n]*\))*\))"
-_FAST_INSTRUCTION = re.compile(
-    r"(ROOT[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)[ \t]*=[ \t]*(" + _FAST_SHAPE + r")[ \t]+"
-    r"([a-z][a-z0-9\-]*)\((?:((?:" + _OPERAND + r"(?:, *" + _OPERAND + r")*)?)|([^()\n]*))\)[ \t]*"
-    # Attributes to the end of the line; a trailing ',' or '=' or a ',' that
-    # starts the next line means they go on, which the general path handles.
-    r"(,[^\n]*[^\s,=])?[ \t\r]*(?:\Z|\n\s*)(?!,)"
-)
-_INLINE_BODY = re.compile(
-    r"(?:to_apply|calls|body|condition|branch_computations|true_computation|false_computation"
-    r"|called_computations|select|scatter|comparator)=\{[^}]*="
-)
-_FAST_HEADER = re.compile(
-    r"(ENTRY[ \t]+)?%?([A-Za-z0-9_][\w.\-]*)(?:[ \t]*\([^\n]*\)[ \t]*->[^\n]*?)?[ \t]*\{[ \t]*(?=\r?\n)"
-)
-_OPERAND_NAME = re.compile(r"[^%, ]+")
-_BLOCK_COMMENT = re.compile(r"/\*.*?\*/")
-_FAST_ATTRIBUTE = re.compile(r",[ \t]*([A-Za-z_][\w.\-]*)=(" + _VALUE + ")")
 
 TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -133,13 +94,11 @@ class _Scope:
             self.roots.append(instruction)
 
 
-class Parser:
+class Parser(Scanner):
     """A single-use parser over one module's text."""
 
     def __init__(self, text: str, path: str | None = None) -> None:
-        self.text = text
-        self.path = path
-        self.pos = 0
+        super().__init__(text, path)
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
         self.origin = ModuleText(text, path)
@@ -163,42 +122,6 @@ class Parser:
         self._line_offset = offset
         return Position(self._line, offset - self._line_start + 1)
 
-    def error(self, message: str, offset: int | None = None) -> ParseError:
-        return ParseError.at(self.text, self.pos if offset is None else offset, message, path=self.path)
-
-    def skip_space(self) -> int:
-        self.pos = _SPACE.match(self.text, self.pos).end()
-        return self.pos
-
-    def peek(self) -> str:
-        self.skip_space()
-        return self.text[self.pos : self.pos + 1]
-
-    def expect(self, token: str, what: str = "") -> None:
-        self.skip_space()
-        if not self.text.startswith(token, self.pos):
-            found = self.text[self.pos : self.pos + 20].split("\n", 1)[0] or "end of input"
-            raise self.error(f"expected '{token}'{what}, found '{found}'")
-        self.pos += len(token)
-
-    def parse_optional_keyword(self, word: str) -> bool:
-        self.skip_space()
-        end = self.pos + len(word)
-        if self.text.startswith(word, self.pos) and (
-            end >= len(self.text) or not (self.text[end].isalnum() or self.text[end] in "_.-")
-        ):
-            self.pos = end
-            return True
-        return False
-
-    def parse_name(self, what: str = "a name") -> str:
-        self.skip_space()
-        m = _NAME.match(self.text, self.pos)
-        if m is None:
-            raise self.error(f"expected {what}")
-        self.pos = m.end()
-        return m.group(1)
-
     # -- module -------------------------------------------------------------------
 
     def parse_module(self) -> HloModule:
@@ -212,10 +135,11 @@ class Parser:
         self.parse_frame_tables()
         entry_name: str | None = None
         while self.peek():
+            start = self.pos
             is_entry, computation = self.parse_computation()
             if is_entry:
                 if entry_name is not None:
-                    raise self.error("more than one ENTRY computation", computation_offset(self, computation))
+                    raise self.error("more than one ENTRY computation", start)
                 entry_name = computation.name
         if not self.computations:
             raise self.error("module has no computations")
@@ -280,7 +204,7 @@ class Parser:
 
     def parse_computation(self) -> tuple[bool, Computation]:
         start = self.skip_space()
-        header = _FAST_HEADER.match(self.text, start)
+        header = fast_path.COMPUTATION_HEADER.match(self.text, start)
         if header is not None:
             # The usual one-line header; the signature repeats the parameters'
             # shapes, so it is not interpreted.
@@ -324,9 +248,9 @@ class Parser:
         scope = _Scope()
         text = self.text
         while True:
-            self.pos = _SPACE.match(text, self.pos).end()
+            self.pos = SPACE.match(text, self.pos).end()
             self.parse_fast_instructions(scope)
-            self.pos = _SPACE.match(text, self.pos).end()
+            self.pos = SPACE.match(text, self.pos).end()
             c = text[self.pos : self.pos + 1]
             if c == "}":
                 self.pos += 1
@@ -403,11 +327,11 @@ class Parser:
         one that needs the general path.
         """
         text = self.text
-        match = _FAST_INSTRUCTION.match
+        match = fast_path.INSTRUCTION_LINE.match
         instructions = scope.instructions
         by_name = scope.by_name
         origin = self.origin
-        operand_names = _OPERAND_NAME.findall
+        operand_names = fast_path.OPERAND_NAME.findall
         pos = self.pos
         while True:
             m = match(text, pos)
@@ -441,7 +365,7 @@ class Parser:
                 operands = ()
             elif operand_text:
                 if "/" in operand_text:
-                    operand_text = _BLOCK_COMMENT.sub("", operand_text)
+                    operand_text = fast_path.BLOCK_COMMENT.sub("", operand_text)
                 operands = tuple(operand_names(operand_text))
             else:
                 operands = ()
@@ -615,8 +539,8 @@ class Parser:
             self.skip_space()
             if self.text.startswith(",", self.pos):
                 # XLA also accepts `f32[], %x`: a shape, a comma, then the name.
-                after = _SPACE.match(self.text, self.pos + 1).end()
-                if not self.at_shape(after) and _NAME.match(self.text, after):
+                after = SPACE.match(self.text, self.pos + 1).end()
+                if not self.at_shape(after) and NAME.match(self.text, after):
                     self.pos = after
         m = _OPCODE.match(self.text, self.pos)
         if m is not None:
@@ -635,38 +559,11 @@ class Parser:
             return self.add_instruction(
                 scope, name, opcode, opcode_offset, shape_text, operands, [], literal, False, start
             )
-        m = _NAME.match(self.text, self.pos)
+        m = NAME.match(self.text, self.pos)
         if m is None:
             raise self.error("expected an operand name")
         self.pos = m.end()
         return m.group(1)
-
-    def scan_literal(self) -> str:
-        """The raw text up to the ')' that closes the opcode's '('."""
-        start = self.pos
-        depth = 1
-        text = self.text
-        i = start
-        n = len(text)
-        while i < n:
-            c = text[i]
-            if c == "(" or c == "{":
-                depth += 1
-            elif c == ")" or c == "}":
-                depth -= 1
-                if depth == 0:
-                    if c != ")":
-                        break
-                    self.pos = i + 1
-                    return text[start:i].strip()
-            elif c == '"':
-                m = _STRING.match(text, i)
-                if m is None:
-                    raise self.error("unterminated string", i)
-                i = m.end()
-                continue
-            i += 1
-        raise self.error("unterminated literal: missing ')'", start)
 
     # -- attributes -----------------------------------------------------------
 
@@ -701,7 +598,7 @@ class Parser:
     def is_inline_body(self) -> bool:
         if not self.text.startswith("{", self.pos):
             return False
-        i = _SPACE.match(self.text, self.pos + 1).end()
+        i = SPACE.match(self.text, self.pos + 1).end()
         return re.match(r"(?:ROOT\s+)?%?[\w.\-]+\s*=", self.text[i : i + 200]) is not None
 
     def parse_inline_computation(self, owner: str, key: str) -> str:
@@ -711,102 +608,7 @@ class Parser:
         self.parse_computation_body(name, start, False, [])
         return name
 
-    def parse_string(self) -> str:
-        self.skip_space()
-        m = _STRING.match(self.text, self.pos)
-        if m is None:
-            raise self.error("expected a quoted string")
-        self.pos = m.end()
-        return m.group(0)
-
-    def scan_value(self, key: str) -> str:
-        text = self.text
-        start = self.pos
-        c = text[start : start + 1]
-        if c == "{":
-            end = self.scan_braces(start)
-        elif c == '"':
-            m = _STRING.match(text, start)
-            if m is None:
-                raise self.error("unterminated string")
-            end = m.end()
-        elif not c:
-            raise self.error(f"expected a value for attribute '{key}'")
-        else:
-            end = self.scan_bare(start)
-            if key == "literal":
-                # literal=s32[2]{0} {1, 2}: a shape, then the literal itself.
-                i = _SPACE.match(text, end).end()
-                end = self.scan_braces(i) if text.startswith("{", i) else self.scan_bare(i)
-            elif key == "replica_groups" and text.startswith("mesh", start):
-                # mesh['a'=2,'b'=4] {'a'}
-                i = _SPACE.match(text, end).end()
-                if text.startswith("{", i):
-                    end = self.scan_braces(i)
-        if end == start:
-            raise self.error(f"expected a value for attribute '{key}'")
-        self.pos = end
-        return text[start:end]
-
-    def scan_braces(self, start: int) -> int:
-        text = self.text
-        depth = 0
-        i = start
-        search = _BRACE_EVENT.search
-        while True:
-            m = search(text, i)
-            if m is None:
-                raise self.error("unbalanced '{': missing '}'", start)
-            c = m.group(0)
-            if c == '"':
-                s = _STRING.match(text, m.start())
-                if s is None:
-                    raise self.error("unterminated string", m.start())
-                i = s.end()
-                continue
-            i = m.end()
-            if c == "{":
-                depth += 1
-            else:
-                depth -= 1
-                if depth == 0:
-                    return i
-
-    def scan_bare(self, start: int) -> int:
-        """A value without spaces: ``kLoop``, ``[2,4]<=[8]``, ``b01f_01io->b01f``."""
-        text = self.text
-        depth = 0
-        i = start
-        search = _BARE_VALUE_EVENT.search
-        while True:
-            m = search(text, i)
-            if m is None:
-                return len(text)
-            c = m.group(0)
-            if c in "([{":
-                depth += 1
-                i = m.end()
-            elif c in ")]}":
-                if depth == 0:
-                    return m.start()
-                depth -= 1
-                i = m.end()
-            elif c == '"':
-                s = _STRING.match(text, m.start())
-                if s is None:
-                    raise self.error("unterminated string", m.start())
-                i = s.end()
-            elif depth == 0:
-                return m.start()
-            else:
-                i = m.end()
-
-
 _ASYNC_WRAPPER_KEYS = frozenset({"async_execution_thread", "async_group_id", "metadata", "backend_config"})
-
-
-def computation_offset(parser: Parser, computation: Computation) -> int:
-    return parser.pos
 
 
 def make_computation(
@@ -828,9 +630,6 @@ def make_computation(
     )
 
 
-_ATTRIBUTE_LIST = re.compile(r"(?:,[ \t]*[A-Za-z_][\w.\-]*=" + _VALUE + r")*[ \t\r]*")
-
-
 def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, str], ...]:
     """Split the raw ``, key=value, ...`` text of one instruction line.
 
@@ -838,8 +637,8 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     attributes, odd spacing) goes through the general attribute scanner.
     Raises ParseError (at offsets within ``text``) when the text is malformed.
     """
-    if _ATTRIBUTE_LIST.fullmatch(text):
-        return tuple(_FAST_ATTRIBUTE.findall(text))
+    if fast_path.ATTRIBUTE_LIST.fullmatch(text):
+        return tuple(fast_path.ATTRIBUTE.findall(text))
     parser = Parser(text, path)
     attributes = parser.parse_attributes(_Scope(), owner="")
     if parser.skip_space() != len(text):
@@ -872,12 +671,6 @@ def infer_shape(
     if opcode in _SAME_AS_OPERAND and shapes:
         return shapes[-1] if opcode == "select" else shapes[0]
     return UNKNOWN_SHAPE
-
-
-def unescape(text: str) -> str:
-    if "\\" not in text:
-        return text
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
 
 
 def parse_module(text: str, *, path: str | None = None) -> HloModule:
