@@ -31,7 +31,7 @@ FIXTURES = ROOT / "fixtures"
 
 SEED = "fsdp-activation-gather"
 # Examples that also get a GSPMD fixture (besides Shardy, JAX's default).
-GSPMD_TOO = {SEED, "cross-host-tp"}
+GSPMD_TOO = {SEED, "cross-host-tp", "transposed-mesh"}
 
 
 def cases() -> list[tuple[str, str, str | None, str]]:

@@ -59,6 +59,11 @@ EXAMPLES: tuple[Example, ...] = (
         PAIR, devices=8, devices_per_host=4, scripts=_jax("cross_host_tp"),
     ),
     Example(
+        "transposed-mesh",
+        "TP MLP on mesh reshape(2,4).T: partition ids {0,1} run on devices {0,4}, across hosts of 4",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("transposed_mesh"),
+    ),
+    Example(
         "replicated-large-param",
         "FSDP model whose largest weight (the unembedding) is left replicated",
         PAIR, devices=4, scripts=_jax("replicated_large_param"),

@@ -1,0 +1,431 @@
+"""Every collective of a module: who talks to whom, over which mesh axes, and how many bytes.
+
+:func:`find_collectives` walks every computation (while bodies, fusions,
+async wrapped computations included) and reports one :class:`Collective` per
+collective, in any of its three forms:
+
+* ``sync``: ``all-gather(...)``, ``all-reduce``, ``reduce-scatter``,
+  ``all-to-all``, ``ragged-all-to-all``, ``collective-permute``,
+  ``collective-broadcast``;
+* ``start-done``: the dedicated ``all-gather-start``/``-done``,
+  ``all-reduce-start``/``-done``, ``collective-permute-start``/``-done``;
+* ``async-wrapped``: ``async-start`` whose called computation's root is a
+  collective (also the sugared ``reduce-scatter-start``, ``all-to-all-start``
+  ...); reported once, named by the start op, not again for the inner op.
+
+**Groups.** Replica groups mean what XLA's ``GetCollectiveOpGroupMode`` says
+(``collective_ops_utils.cc``):
+
+=====================  ========================  ================================
+channel_id             use_global_device_ids     group ids are
+=====================  ========================  ================================
+absent                 absent/false              replica ids (kCrossReplica), one
+                                                 group per partition
+present                not an attribute of the   partition ids (kCrossPartition),
+                       op (all-to-all, permute,  one group per replica
+                       broadcast)
+present                false (all-gather,        replica ids, each with *all*
+                       all-reduce,               partitions (kCrossReplicaAndPartition)
+                       reduce-scatter)
+present                true                      flattened ids replica*P+partition
+                                                 (kFlattenedID)
+=====================  ========================  ================================
+
+``logical_groups`` are always in flattened logical ids (``replica *
+num_partitions + partition``): partition ids for one replica. An empty
+``replica_groups={}`` is one group of every replica (or partition, in
+kCrossPartition mode). ``physical_groups`` map them through the device
+assignment (:class:`~hlo_doctor.graph.devices.DeviceMap`).
+
+**Bytes** are per device, from the operand and result shapes (tuple and
+combined collectives sum their leaves). Wire bytes follow the ring model with
+``n`` the group size: all-gather ``(n-1)/n * out``, reduce-scatter ``(n-1)/n
+* in``, all-reduce ``2(n-1)/n * in``, all-to-all and ragged-all-to-all
+``(n-1)/n * in``, collective-permute and collective-broadcast ``in``; rounded
+down to whole bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
+
+if TYPE_CHECKING:
+    from hlo_doctor.graph.devices import DeviceMap
+    from hlo_doctor.graph.mesh import Mesh
+    from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, SourceLocation
+
+__all__ = ["Collective", "Form", "GroupMode", "find_collectives", "group_mode", "participant_groups"]
+
+# Dedicated async pairs: start opcode -> (collective kind, done opcode).
+_START_DONE = {
+    "all-gather-start": ("all-gather", "all-gather-done"),
+    "all-reduce-start": ("all-reduce", "all-reduce-done"),
+    "collective-permute-start": ("collective-permute", "collective-permute-done"),
+}
+_IS_SYNC = re.compile(r'"is_sync"\s*:\s*(true|false)')
+
+
+class Form(str, Enum):
+    SYNC = "sync"
+    START_DONE = "start-done"
+    ASYNC_WRAPPED = "async-wrapped"
+
+
+class GroupMode(str, Enum):
+    """XLA's ``CollectiveOpGroupMode``."""
+
+    CROSS_REPLICA = "cross-replica"
+    CROSS_PARTITION = "cross-partition"
+    CROSS_REPLICA_AND_PARTITION = "cross-replica-and-partition"
+    FLATTENED_ID = "flattened-id"
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective operation as it runs.
+
+    ``instruction`` is the op itself, or the start op of an async pair
+    (``done`` names its done op). ``groups`` are in flattened logical ids;
+    for collective-permute they are the ``(source, target)`` pairs.
+    ``dimension`` is the gathered (all-gather), scattered (reduce-scatter) or
+    split/concat (all-to-all) tensor dim, else None. ``mesh_axes`` is None
+    when no mesh was given or the groups match no axis combination.
+    ``crosses_hosts`` is None when the host layout is unknown. ``is_sync``
+    reads GPU's ``backend_config`` ``"is_sync"`` (None when absent).
+    """
+
+    kind: str
+    form: Form
+    computation: str
+    instruction: str
+    done: str | None
+    mode: GroupMode
+    logical_groups: tuple[tuple[int, ...], ...]
+    physical_groups: tuple[tuple[int, ...], ...] | None
+    group_size: int
+    mesh_axes: tuple[str, ...] | None
+    dimension: int | None
+    bytes_in_per_device: int
+    bytes_out_per_device: int
+    wire_bytes_per_device: int
+    crosses_hosts: bool | None
+    is_sync: bool | None
+    channel_id: int | None
+    use_global_device_ids: bool
+    source: SourceLocation | None
+    op_name: str | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return self.form is not Form.SYNC
+
+
+def group_mode(kind: str, channel_id: int | None, use_global_device_ids: bool | None) -> GroupMode:
+    """XLA's ``GetCollectiveOpGroupMode`` for one op.
+
+    all-gather, all-reduce and reduce-scatter always carry
+    ``use_global_device_ids`` (false when not printed); all-to-all,
+    ragged-all-to-all, collective-permute and collective-broadcast never do.
+    """
+    has_flag = kind in ("all-gather", "all-reduce", "reduce-scatter")
+    flag = bool(use_global_device_ids) if has_flag else None
+    if channel_id is None:
+        if flag:
+            raise ValueError("use_global_device_ids=true needs a channel_id")
+        return GroupMode.CROSS_REPLICA
+    if flag is None:
+        return GroupMode.CROSS_PARTITION
+    return GroupMode.FLATTENED_ID if flag else GroupMode.CROSS_REPLICA_AND_PARTITION
+
+
+def participant_groups(
+    groups: tuple[tuple[int, ...], ...], mode: GroupMode, num_replicas: int, num_partitions: int
+) -> tuple[tuple[int, ...], ...]:
+    """The groups of flattened logical ids (``replica * num_partitions + partition``) that talk.
+
+    As XLA's ``GetParticipatingDevicesGroups``, before the device assignment.
+    """
+    if not groups:
+        if mode is GroupMode.FLATTENED_ID:
+            raise ValueError("replica groups cannot be empty in flattened-id mode")
+        count = num_partitions if mode is GroupMode.CROSS_PARTITION else num_replicas
+        groups = (tuple(range(count)),)
+    P = num_partitions
+    out: list[tuple[int, ...]] = []
+    if mode is GroupMode.CROSS_REPLICA:
+        for group in groups:
+            for partition in range(P):
+                out.append(tuple(r * P + partition for r in group))
+    elif mode is GroupMode.CROSS_PARTITION:
+        for group in groups:
+            for replica in range(num_replicas):
+                out.append(tuple(replica * P + p for p in group))
+    elif mode is GroupMode.CROSS_REPLICA_AND_PARTITION:
+        for group in groups:
+            out.append(tuple(r * P + p for r in group for p in range(P)))
+    else:
+        out.extend(groups)
+    return tuple(out)
+
+
+def find_collectives(
+    hlo_module: HloModule,
+    device_map: DeviceMap | None = None,
+    mesh: Mesh | None = None,
+) -> list[Collective]:
+    """Every collective of ``hlo_module``, in computation and instruction order.
+
+    ``device_map`` gives physical groups and host crossing; ``mesh`` the
+    mesh axes (only meaningful for one replica, where logical ids are
+    partition ids).
+    """
+    num_partitions = _module_int(hlo_module, "num_partitions")
+    num_replicas = _module_int(hlo_module, "num_replicas")
+    if num_partitions is None:
+        num_partitions = (device_map.num_partitions if device_map is not None else None) or 1
+    if num_replicas is None:
+        if device_map is not None and device_map.num_devices and num_partitions:
+            num_replicas = max(1, device_map.num_devices // num_partitions)
+        else:
+            num_replicas = 1
+
+    wrapped_roots: set[tuple[str, str]] = set()  # (computation, instruction) reported via async-start
+    for computation in hlo_module.computations:
+        for instruction in computation.instructions:
+            if instruction.opcode == "async-start":
+                inner = _wrapped_collective(hlo_module, instruction)
+                if inner is not None:
+                    wrapped_roots.add(inner)
+
+    out: list[Collective] = []
+    for computation in hlo_module.computations:
+        users: dict[str, list[Instruction]] | None = None
+        for instruction in computation.instructions:
+            opcode = instruction.opcode
+            if opcode in COLLECTIVE_OPCODES:
+                if (computation.name, instruction.name) in wrapped_roots:
+                    continue
+                found = _describe(
+                    instruction, instruction, computation, computation, Form.SYNC, None,
+                    num_replicas, num_partitions, device_map, mesh,
+                )
+            elif opcode in _START_DONE:
+                kind, done_opcode = _START_DONE[opcode]
+                users = users if users is not None else _users(computation)
+                done = _follow(users, instruction, {done_opcode})
+                found = _describe(
+                    instruction, instruction, computation, computation, Form.START_DONE, done,
+                    num_replicas, num_partitions, device_map, mesh, kind=kind,
+                )
+            elif opcode == "async-start":
+                inner = _wrapped_collective(hlo_module, instruction)
+                if inner is None:
+                    continue
+                inner_computation = hlo_module.computation(inner[0])
+                assert inner_computation is not None
+                op = inner_computation.get(inner[1])
+                assert op is not None
+                users = users if users is not None else _users(computation)
+                done = _follow(users, instruction, {"async-done"})
+                found = _describe(
+                    op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
+                    num_replicas, num_partitions, device_map, mesh,
+                )
+            else:
+                continue
+            out.append(found)
+    return out
+
+
+def _module_int(module: HloModule, key: str) -> int | None:
+    text = module.attribute(key)
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _wrapped_collective(module: HloModule, start: Instruction) -> tuple[str, str] | None:
+    for name in start.called_computations:
+        called = module.computation(name)
+        root = called.root if called is not None else None
+        if root is not None and root.opcode in COLLECTIVE_OPCODES:
+            return called.name, root.name  # type: ignore[union-attr]
+    return None
+
+
+def _users(computation: Computation) -> dict[str, list[Instruction]]:
+    users: dict[str, list[Instruction]] = {}
+    for instruction in computation.instructions:
+        for operand in instruction.operands:
+            users.setdefault(operand, []).append(instruction)
+    return users
+
+
+def _follow(users: dict[str, list[Instruction]], start: Instruction, done_opcodes: set[str]) -> str | None:
+    """The done op at the end of a start's chain (through async-update ops)."""
+    current = start
+    for _ in range(64):
+        nxt = None
+        for user in users.get(current.name, ()):
+            if user.opcode in done_opcodes:
+                return user.name
+            if user.opcode == "async-update":
+                nxt = user
+        if nxt is None:
+            return None
+        current = nxt
+    return None
+
+
+def _describe(
+    op: Instruction,
+    outer: Instruction,
+    op_computation: Computation,
+    outer_computation: Computation,
+    form: Form,
+    done: str | None,
+    num_replicas: int,
+    num_partitions: int,
+    device_map: DeviceMap | None,
+    mesh: Mesh | None,
+    *,
+    kind: str | None = None,
+) -> Collective:
+    kind = kind or op.opcode
+    channel_id = op.channel_id
+    global_ids = (op.attribute("use_global_device_ids") or "").strip() == "true"
+    mode = group_mode(kind, channel_id, global_ids)
+
+    if kind == "collective-permute":
+        pairs = op.source_pairs or ()
+        groups = _permute_groups(pairs, mode, num_replicas, num_partitions)
+    else:
+        replica_groups = op.replica_groups
+        raw = replica_groups.groups() if replica_groups is not None else ()
+        groups = participant_groups(raw, mode, num_replicas, num_partitions)
+    group_size = max((len(g) for g in groups), default=1)
+    if kind == "collective-permute":
+        group_size = 2 if groups else 1
+
+    physical = tuple(device_map.physical(g) for g in groups) if device_map is not None else None
+    crosses: bool | None = None
+    if device_map is not None:
+        spans = [device_map.spans_hosts(g) for g in groups]
+        crosses = None if any(s is None for s in spans) else any(spans)
+
+    axes: tuple[str, ...] | None = None
+    if mesh is not None and num_replicas == 1:
+        if kind == "collective-permute":
+            axes = _permute_axes(mesh, groups)
+        else:
+            axes = mesh.axes_for_groups(groups)
+
+    bytes_in, bytes_out = _bytes(kind, op, op_computation)
+    n = group_size
+    if kind == "all-gather":
+        wire = (n - 1) * bytes_out // n
+    elif kind == "reduce-scatter":
+        wire = (n - 1) * bytes_in // n
+    elif kind == "all-reduce":
+        wire = 2 * (n - 1) * bytes_in // n
+    elif kind in ("all-to-all", "ragged-all-to-all"):
+        wire = (n - 1) * bytes_in // n
+    else:  # collective-permute, collective-broadcast
+        wire = bytes_in if n > 1 else 0
+
+    dimension = None
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        dims = op.dimensions
+        dimension = dims[0] if dims else None
+
+    metadata = outer.metadata or op.metadata
+    return Collective(
+        kind=kind,
+        form=form,
+        computation=outer_computation.name,
+        instruction=outer.name,
+        done=done,
+        mode=mode,
+        logical_groups=groups,
+        physical_groups=physical,
+        group_size=group_size,
+        mesh_axes=axes,
+        dimension=dimension,
+        bytes_in_per_device=bytes_in,
+        bytes_out_per_device=bytes_out,
+        wire_bytes_per_device=wire,
+        crosses_hosts=crosses,
+        is_sync=_is_sync(outer) if _is_sync(outer) is not None else _is_sync(op),
+        channel_id=channel_id,
+        use_global_device_ids=global_ids,
+        source=outer.source or op.source,
+        op_name=metadata.op_name if metadata is not None else None,
+    )
+
+
+def _permute_groups(
+    pairs: tuple[tuple[int, int], ...], mode: GroupMode, num_replicas: int, num_partitions: int
+) -> tuple[tuple[int, ...], ...]:
+    """Source-target pairs in flattened logical ids (one copy per replica or partition)."""
+    P = num_partitions
+    if mode is GroupMode.CROSS_PARTITION:
+        return tuple((r * P + a, r * P + b) for r in range(num_replicas) for a, b in pairs)
+    return tuple((a * P + p, b * P + p) for p in range(P) for a, b in pairs)
+
+
+def _permute_axes(mesh: Mesh, pairs: tuple[tuple[int, ...], ...]) -> tuple[str, ...] | None:
+    moved: set[str] = set()
+    for a, b in pairs:
+        between = mesh.axes_between(a, b)
+        if between is None:
+            return None
+        moved.update(between)
+    return tuple(n for n in mesh.axis_names if n in moved)
+
+
+def _operand_bytes(op: Instruction, computation: Computation, indices: range | None = None) -> int:
+    total = 0
+    for index, name in enumerate(op.operands):
+        if indices is not None and index not in indices:
+            continue
+        operand = computation.get(name)
+        if operand is not None:
+            total += operand.shape.byte_size
+    return total
+
+
+def _bytes(kind: str, op: Instruction, computation: Computation) -> tuple[int, int]:
+    """Bytes in and out per device."""
+    shape = op.shape
+    if op.opcode == "all-gather-start":
+        # (operands, results): one tuple element each, nested for combined ops
+        if shape.is_tuple and len(shape.tuple_shapes) == 2:
+            return _operand_bytes(op, computation), shape.tuple_shapes[1].byte_size
+        return _operand_bytes(op, computation), shape.byte_size
+    if op.opcode == "collective-permute-start":
+        # (operand, result, u32[] contexts...)
+        if shape.is_tuple and len(shape.tuple_shapes) >= 2:
+            return _operand_bytes(op, computation, range(1)), shape.tuple_shapes[1].byte_size
+        return _operand_bytes(op, computation, range(1)), shape.byte_size
+    if kind == "collective-permute":
+        # operand 0 is the data; in-place forms add output buffer and offsets
+        return _operand_bytes(op, computation, range(1)), _first_leaf_bytes(shape)
+    if kind == "ragged-all-to-all":
+        # (input, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+        return _operand_bytes(op, computation, range(1)), shape.byte_size
+    return _operand_bytes(op, computation), shape.byte_size
+
+
+def _first_leaf_bytes(shape) -> int:  # type: ignore[no-untyped-def]
+    return shape.tuple_shapes[0].byte_size if shape.is_tuple and shape.tuple_shapes else shape.byte_size
+
+
+def _is_sync(instruction: Instruction) -> bool | None:
+    config = instruction.backend_config
+    if not config:
+        return None
+    match = _IS_SYNC.search(config)
+    return None if match is None else match.group(1) == "true"
