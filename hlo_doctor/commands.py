@@ -9,8 +9,12 @@ import click
 # (module, attribute) of every command, in the order `hlo-doctor --help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("hlo_doctor.dump.cli", "ls_command"),
+    ("hlo_doctor.rules.cli", "analyze_command"),
+    ("hlo_doctor.rules.cli", "rules_command"),
     ("hlo_doctor.runner.cli", "run_command"),
     ("hlo_doctor.runner.cli", "examples_command"),
+    ("hlo_doctor.graph.cli", "show_command"),
+    ("hlo_doctor.graph.cli", "explain_command"),
 )
 
 

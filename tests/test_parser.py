@@ -266,3 +266,38 @@ def test_parse_error_on_a_huge_single_line_keeps_the_excerpt_short() -> None:
     with pytest.raises(ParseError) as info:
         parse_module(text)
     assert len(info.value.excerpt()) < 1000
+
+
+def test_stack_frames_with_xla_off_by_one_parent_ids() -> None:
+    # jaxlib 0.10.2 prints parent_frame_id one higher than the parent's id, so a
+    # root frame names itself; the parser reads such tables as parent - 1.
+    module = parse_module(
+        """HloModule m
+
+FileNames
+1 "/home/me/train.py"
+
+FunctionNames
+1 "<module>"
+2 "main"
+3 "mlp"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=52 end_line=52 column=4 end_column=4}
+2 {file_name_id=1 function_name_id=2 line=48 end_line=48 column=4 end_column=4}
+3 {file_name_id=1 function_name_id=3 line=43 end_line=43 column=16 end_column=16}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=3}
+
+ENTRY e {
+  ROOT p = f32[] parameter(0), metadata={op_name="x" stack_frame_id=3}
+}
+"""
+    )
+    source = module.entry.instructions[0].source  # type: ignore[union-attr]
+    assert source is not None
+    assert [(f.function, f.line) for f in source.frames] == [("mlp", 43), ("main", 48), ("<module>", 52)]
+    assert (source.file, source.line, source.function) == ("/home/me/train.py", 43, "mlp")

@@ -179,6 +179,11 @@ class Parser(Scanner):
         for key, fields in tables.get("StackFrames", {}).items():
             assert isinstance(fields, dict)
             stack_frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
+        if any(parent == key for key, (_, parent) in stack_frames.items()):
+            # XLA (jaxlib 0.10.2) prints parent_frame_id one higher than the
+            # parent's id (a root frame shows itself as its parent); a correct
+            # table never has a self-parent, so this marks the convention.
+            stack_frames = {key: (location, parent - 1) for key, (location, parent) in stack_frames.items()}
         self.frame_tables = self.origin.frame_tables = StackFrameTables(
             file_names=tables.get("FileNames", {}),  # type: ignore[arg-type]
             function_names=tables.get("FunctionNames", {}),  # type: ignore[arg-type]

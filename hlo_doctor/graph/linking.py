@@ -1,0 +1,245 @@
+"""Link the instructions of two snapshots of one module.
+
+:func:`link_modules` matches instructions of an earlier snapshot ``a`` (e.g.
+after propagation) to a later one ``b`` (e.g. after partitioning), and
+attributes every unmatched ``b`` instruction (the collectives, slices and
+partition ids the partitioner inserts) to the ``a`` instruction(s) it helps
+realize. :class:`SnapshotLink` answers both directions:
+:meth:`~SnapshotLink.realized_by` (``a`` op -> its ``b`` ops, inserted ones
+included) and :meth:`~SnapshotLink.origin_of` (``b`` op -> ``a`` ops).
+
+Method
+------
+1. Computations: the entry computations are paired; then callee computations
+   are paired through matched callers (the i-th called computation of each).
+2. Within a pair of computations, in ``b``'s program order:
+
+   * parameters pair by parameter number;
+   * an instruction with the same name, opcode and shape dims rank pairs
+     directly (before -> after propagation keeps names; the GSPMD
+     ``Sharding`` custom-call becomes a ``copy`` there and is matched below);
+   * otherwise a candidate must have the same opcode (``custom-call`` may
+     pair with ``copy``), element type and rank, and the same metadata ``op_name`` and stack frame
+     (or source file:line); among the unmatched candidates the one whose
+     operands pair with most of ``b``'s operands (looking through inserted
+     instructions) wins, program order breaking ties.
+3. Each unmatched ``b`` instruction is attributed to the ``a`` instructions
+   with its metadata (op_name and frame) that pair with one of its nearest
+   matched users (walking through other inserted instructions); failing
+   that, to any ``a`` instruction with its metadata; failing that (no
+   metadata, e.g. ``partition-id``), to the origins of its nearest matched
+   users.
+
+Limits: the partitioner keeps metadata but renames freely, so two
+instructions with the same opcode, op_name and frame and no distinguishing
+operands pair in program order, which can swap twins. Inserted instructions
+with no metadata and no matched user stay unattributed. Ops the partitioner
+rewrites into a different opcode (e.g. a dot into a while loop of windowed
+einsums) are attributed as inserted, not matched.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
+
+__all__ = ["SnapshotLink", "link_modules"]
+
+NodeKey = tuple[str, str]
+
+_SAME_OPCODE = {("custom-call", "copy"), ("copy", "custom-call")}
+
+
+@dataclass
+class SnapshotLink:
+    """The instruction pairing between snapshots ``a`` (earlier) and ``b``."""
+
+    a: HloModule
+    b: HloModule
+    forward: dict[NodeKey, NodeKey] = field(default_factory=dict)  # matched a -> b
+    backward: dict[NodeKey, NodeKey] = field(default_factory=dict)  # matched b -> a
+    inserted: dict[NodeKey, tuple[NodeKey, ...]] = field(default_factory=dict)  # b -> a ops
+    computations: dict[str, str] = field(default_factory=dict)  # a -> b names
+
+    def matched(self, key: NodeKey) -> NodeKey | None:
+        """The ``b`` instruction that is ``a``'s ``key`` (renamed or not)."""
+        return self.forward.get(key)
+
+    def realized_by(self, key: NodeKey) -> list[NodeKey]:
+        """``b`` ops realizing ``a``'s ``key``: its match first, then inserted ops."""
+        out = [self.forward[key]] if key in self.forward else []
+        out.extend(b for b, origins in self.inserted.items() if key in origins)
+        return out
+
+    def origin_of(self, key: NodeKey) -> tuple[NodeKey, ...]:
+        """The ``a`` op(s) a ``b`` op comes from (one when matched)."""
+        if key in self.backward:
+            return (self.backward[key],)
+        return self.inserted.get(key, ())
+
+    def is_inserted(self, key: NodeKey) -> bool:
+        return key not in self.backward
+
+
+def _meta_key(instruction: Instruction) -> tuple | None:
+    metadata = instruction.metadata
+    if metadata is None or not (metadata.op_name or metadata.stack_frame_id or metadata.source_file):
+        return None
+    return (metadata.op_name, metadata.stack_frame_id, metadata.source_file, metadata.source_line)
+
+
+def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
+    """Pair the instructions of snapshot ``a`` with those of the later ``b``."""
+    link = SnapshotLink(a, b)
+    a_comps = {c.name: c for c in a.computations}
+    b_comps = {c.name: c for c in b.computations}
+    if a.entry is None or b.entry is None:
+        return link
+    queue = [(a.entry, b.entry)]
+    seen: set[str] = set()
+    while queue:
+        ca, cb = queue.pop(0)
+        if cb.name in seen:
+            continue
+        seen.add(cb.name)
+        link.computations[ca.name] = cb.name
+        _link_computation(link, ca, cb)
+        for ib in cb.instructions:
+            partner = link.backward.get((cb.name, ib.name))
+            if partner is None:
+                continue
+            ia = ca.get(partner[1])
+            if ia is None:
+                continue
+            called_b = ib.called_computations if ib.raw_attributes else ()
+            called_a = ia.called_computations if ia.raw_attributes else ()
+            for na, nb in zip(called_a, called_b):
+                if na in a_comps and nb in b_comps and nb not in seen:
+                    queue.append((a_comps[na], b_comps[nb]))
+    _attribute_inserted(link)
+    return link
+
+
+def _link_computation(link: SnapshotLink, ca: Computation, cb: Computation) -> None:
+    by_meta: dict[tuple, list[Instruction]] = defaultdict(list)
+    a_params = {}
+    for ia in ca.instructions:
+        if ia.opcode == "parameter":
+            a_params[ia.parameter_number] = ia
+        key = _meta_key(ia)
+        by_meta[(ia.opcode, key)].append(ia)
+        if ia.opcode == "custom-call":
+            by_meta[("copy", key)].append(ia)
+    used: set[str] = set()
+    a_users_operands = {ia.name: set(ia.operands) for ia in ca.instructions}
+
+    def nearest_matched(name: str, depth: int = 0) -> set[str]:
+        key = (cb.name, name)
+        if key in link.backward:
+            return {link.backward[key][1]}
+        if depth > 8:
+            return set()
+        ib = cb.get(name)
+        out: set[str] = set()
+        if ib is not None:
+            for operand in ib.operands:
+                out |= nearest_matched(operand, depth + 1)
+        return out
+
+    for ib in cb.instructions:
+        chosen: Instruction | None = None
+        if ib.opcode == "parameter":
+            chosen = a_params.get(ib.parameter_number)
+        if chosen is None:
+            same = ca.get(ib.name)
+            if same is not None and same.name not in used and same.opcode == ib.opcode:
+                chosen = same
+        if chosen is None:
+            meta = _meta_key(ib)
+            candidates = [
+                c
+                for c in by_meta.get((ib.opcode, meta), ())
+                if c.name not in used
+                and c.shape.element_type == ib.shape.element_type
+                and c.shape.rank == ib.shape.rank
+            ]
+            if meta is None:
+                candidates = []  # no metadata: inserted (constants, partition-id ...)
+            if candidates:
+                wanted: set[str] = set()
+                for operand in ib.operands:
+                    wanted |= nearest_matched(operand)
+                best = max(
+                    candidates,
+                    key=lambda c: (len(a_users_operands[c.name] & wanted), -ca.instructions.index(c)),
+                )
+                if ib.operands and wanted and not (a_users_operands[best.name] & wanted):
+                    # Same metadata but none of the operands agree: e.g. an
+                    # inserted all-gather next to its dot. Keep it inserted
+                    # unless this opcode has no other chance.
+                    if ib.opcode in _INSERTED_OPCODES:
+                        best = None
+                chosen = best
+        if chosen is not None:
+            used.add(chosen.name)
+            link.forward[(ca.name, chosen.name)] = (cb.name, ib.name)
+            link.backward[(cb.name, ib.name)] = (ca.name, chosen.name)
+
+
+_INSERTED_OPCODES = frozenset(
+    {
+        "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+        "dynamic-slice", "dynamic-update-slice", "pad", "slice", "partition-id", "constant",
+        "select", "reshape", "transpose", "copy", "concatenate",
+    }
+)
+
+
+def _attribute_inserted(link: SnapshotLink) -> None:
+    a_by_meta: dict[tuple[str, tuple], list[NodeKey]] = defaultdict(list)
+    b_to_a_comp = {v: k for k, v in link.computations.items()}
+    for computation in link.a.computations:
+        for ia in computation.instructions:
+            key = _meta_key(ia)
+            if key is not None:
+                a_by_meta[(computation.name, key)].append((computation.name, ia.name))
+    for cb in link.b.computations:
+        users: dict[str, list[str]] = defaultdict(list)
+        for ib in cb.instructions:
+            for operand in ib.operands:
+                users[operand].append(ib.name)
+        ca_name = b_to_a_comp.get(cb.name)
+
+        def matched_users(name: str) -> set[NodeKey]:
+            out: set[NodeKey] = set()
+            seen = {name}
+            frontier = [name]
+            while frontier and not out:
+                nxt = []
+                for n in frontier:
+                    for u in users.get(n, ()):
+                        if u in seen:
+                            continue
+                        seen.add(u)
+                        if (cb.name, u) in link.backward:
+                            out.add(link.backward[(cb.name, u)])
+                        else:
+                            nxt.append(u)
+                frontier = nxt
+            return out
+
+        for ib in cb.instructions:
+            key = (cb.name, ib.name)
+            if key in link.backward:
+                continue
+            meta = _meta_key(ib)
+            near = matched_users(ib.name)
+            origins: tuple[NodeKey, ...] = ()
+            if meta is not None and ca_name is not None:
+                same = a_by_meta.get((ca_name, meta), [])
+                origins = tuple(k for k in same if k in near) or tuple(same)
+            if not origins:
+                origins = tuple(sorted(near))
+            link.inserted[key] = origins

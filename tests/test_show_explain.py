@@ -1,0 +1,45 @@
+"""The show and explain commands."""
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from hlo_doctor.cli import main
+
+SEED = Path(__file__).parent.parent / "fixtures" / "fsdp-activation-gather"
+
+
+def _run(*args):
+    return CliRunner(env={"COLUMNS": "200"}).invoke(main, [str(a) for a in args])
+
+
+def test_explain_json():
+    result = _run("explain", SEED / "jax-shardy-fixed", "dot_general.0", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["module"] == "jit_mlp" and data["instruction"] == "dot_general.0"
+    assert data["sharding"] == "{devices=[4,1]<=[4]}"
+    origin = data["origins"]["fsdp"]
+    assert origin["kind"] == "constraint" and origin["index"] is None
+    assert origin["instruction"] == "sharding_constraint.0"
+    assert origin["source"]["line"] == 45 and origin["source"]["function"] == "main.<locals>.mlp"
+    assert [s["instruction"] for s in data["path"][0]["steps"]] == ["dot_general.0", "add.3", "sharding_constraint.0"]
+    assert data["collectives"] == ["all-gather"]
+
+
+def test_explain_text_and_bad_input():
+    result = _run("explain", SEED / "jax-gspmd-bad", "add.11")
+    assert result.exit_code == 0
+    assert "axis fsdp: input 1 at %w1.1" in result.output
+    missing = _run("explain", SEED / "jax-gspmd-bad", "no_such_op")
+    assert missing.exit_code == 2
+    assert "no instruction 'no_such_op'" in missing.output
+    assert _run("explain", SEED / "nope", "x").exit_code == 2
+
+
+def test_show_table_and_op():
+    result = _run("show", SEED / "jax-gspmd-bad")
+    assert result.exit_code == 0 and "dot_general.2" in result.output
+    picture = _run("show", SEED / "jax-gspmd-bad", "--op", "dot_general.2")
+    assert "[0:160, 240:480]  -> devices 1" in picture.output
