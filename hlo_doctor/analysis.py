@@ -1,0 +1,168 @@
+"""The analysis entry point: :func:`analyze_dump` (dump folder -> :class:`Report`).
+
+Loads the dump, discovers the rules, runs the selected ones over every
+module with one shared :class:`~hlo_doctor.rules.RuleContext` per module,
+and collects findings, skipped rules and errors. One module that fails to
+parse or crashes an analysis is reported in ``errors``; the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hlo_doctor import __version__
+from hlo_doctor.dump import load_dump
+from hlo_doctor.errors import InputError, one_line
+from hlo_doctor.rules import (
+    AnalysisOptions,
+    Finding,
+    RuleContext,
+    Skip,
+    discover,
+    run_rules,
+    select_rules,
+)
+from hlo_doctor.rules.hardware import HardwareProfile, load_profile
+from hlo_doctor.rules.registry import Registry
+
+__all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportError:
+    """Something that could not be analyzed: a file, a module or a plugin; one line."""
+
+    path: str
+    message: str
+    module: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSummary:
+    id: int | None
+    name: str
+    key: str
+    partitioner: str
+    num_partitions: int | None
+    snapshots: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+    collectives: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
+    """kind -> (count, bytes of data per device per step)"""
+
+
+@dataclass
+class Report:
+    """What :func:`analyze_dump` found. Formats in :mod:`hlo_doctor.report` render it."""
+
+    dump: str
+    modules: tuple[ModuleSummary, ...]
+    findings: tuple[Finding, ...]
+    errors: tuple[ReportError, ...] = ()
+    skipped: tuple[Skip, ...] = ()
+    rules: tuple[str, ...] = ()
+    hardware: str | None = None
+    tool_version: str = __version__
+    verbose: bool = False
+
+    def __str__(self) -> str:
+        from hlo_doctor.report.text import render_text
+
+        return render_text(self, color=False, width=100).rstrip("\n")
+
+
+def analyze_dump(
+    path: str | os.PathLike[str],
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    devices_per_host: int | None = None,
+    hardware: str | HardwareProfile | None = None,
+    rule_options: Mapping[str, Mapping[str, Any]] | None = None,
+    verbose: bool = False,
+    registry: Registry | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """Analyze the dump at ``path`` with the registered rules.
+
+    ``select``/``ignore`` choose rules by id; ``rule_options`` sets option
+    fields per rule id; ``hardware`` is a bundled profile name, a JSON file
+    or a :class:`HardwareProfile`. Raises :class:`InputError` for an
+    unusable dump, an unknown rule id or hardware, or bad rule options.
+    """
+    registry = registry or discover()
+    try:
+        chosen = select_rules(registry, select, ignore)
+    except KeyError as error:
+        known = ", ".join(registry.ids())
+        raise InputError(f"unknown rule id '{error.args[0]}' (known: {known})") from None
+    profile = load_profile(hardware) if isinstance(hardware, str) else hardware
+    rules = []
+    for rule_id in chosen:
+        spec = registry.rules[rule_id]
+        try:
+            rules.append(spec.rule(**dict((rule_options or {}).get(rule_id, {}))))
+        except TypeError as error:
+            raise InputError(f"bad options for rule {rule_id}: {one_line(str(error))}") from None
+    dump = load_dump(path)
+    options = AnalysisOptions(devices_per_host=devices_per_host, hardware=profile, verbose=verbose)
+
+    findings: list[Finding] = []
+    skipped: list[Skip] = []
+    errors: list[ReportError] = [
+        ReportError(e.entry_point, f"rule plugin not loaded ({e.origin}): {e.message}") for e in registry.errors
+    ]
+    summaries: list[ModuleSummary] = []
+    total = len(dump.modules)
+    for number, module in enumerate(dump.modules):
+        if progress is not None:
+            progress(number, total, module.key)
+        ctx = RuleContext(dump, module, options)
+        module_findings, module_skips = run_rules(ctx, rules)
+        findings.extend(module_findings)
+        skipped.extend(module_skips)
+        try:
+            collectives = _collective_summary(ctx)
+        except Exception as error:  # noqa: BLE001 - the summary must not end the run
+            collectives = {}
+            errors.append(ReportError(str(dump.path), f"collective summary failed: {type(error).__name__}: "
+                                                      f"{one_line(str(error), 200)}", module.key))
+        module_errors = module.errors
+        errors.extend(ReportError(e.path, e.message, module.key) for e in module_errors)
+        summaries.append(
+            ModuleSummary(
+                id=module.id,
+                name=module.name,
+                key=module.key,
+                partitioner=module.partitioner.value,
+                num_partitions=module.num_partitions,
+                snapshots=tuple(s.label for s in module.snapshots),
+                errors=tuple(e.message for e in module_errors),
+                collectives=collectives,
+            )
+        )
+    if progress is not None:
+        progress(total, total, "")
+    errors.extend(ReportError(e.path, e.message) for e in dump.load_errors)
+    return Report(
+        dump=str(dump.path),
+        modules=tuple(summaries),
+        findings=tuple(findings),
+        errors=tuple(errors),
+        skipped=tuple(skipped),
+        rules=tuple(chosen),
+        hardware=profile.name if profile is not None else None,
+        verbose=verbose,
+    )
+
+
+def _collective_summary(ctx: RuleContext) -> dict[str, tuple[int, int]]:
+    summary: dict[str, tuple[int, int]] = {}
+    for op in ctx.collectives:
+        count, nbytes = summary.get(op.kind, (0, 0))
+        summary[op.kind] = (count + op.multiplier, nbytes + op.bytes * op.multiplier)
+    return dict(sorted(summary.items()))

@@ -1,0 +1,46 @@
+"""GitHub Actions workflow commands: one ``::warning file=…,line=…::…`` per finding.
+
+GitHub shows each as an annotation on the pull request's diff when the file
+is part of the repository: the user's source line when known, else the dump.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hlo_doctor.rules.base import Finding, Severity
+
+_COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(finding: Finding) -> str:
+    """The workflow command for one finding."""
+    properties = []
+    if finding.source is not None:
+        properties += [f"file={_escape_property(finding.source.file)}", f"line={finding.source.line}"]
+    elif finding.file is not None:
+        properties.append(f"file={_escape_property(finding.file)}")
+        if finding.line is not None:
+            properties.append(f"line={finding.line}")
+    properties.append(f"title={_escape_property('hlo-doctor ' + finding.rule)}")
+    message = finding.message
+    if finding.instruction:
+        message += f" [{finding.module}: {finding.instruction}]"
+    if finding.suggestion is not None:
+        message += f"\nFix: {finding.suggestion.summary}"
+        for label, code in (("JAX", finding.suggestion.jax), ("torch_xla", finding.suggestion.torch_xla)):
+            if code:
+                message += f"\n{label}: {code}"
+    return f"::{_COMMANDS[finding.severity]} {','.join(properties)}::{_escape_data(message)}"
+
+
+def render_github(findings: Sequence[Finding]) -> str:
+    return "".join(annotation(finding) + "\n" for finding in findings)

@@ -1,0 +1,177 @@
+"""What a rule is, what it reads and what it yields.
+
+* :class:`Rule`: one check. Metadata are plain class attributes (``id``,
+  ``severity``, ``summary``); per-rule options are a dataclass named in
+  ``Options``; :meth:`Rule.check` is pure: it reads a :class:`RuleContext`
+  and yields :class:`Finding` records.
+* :class:`Finding`: a frozen, slotted record: rule, severity, module,
+  instruction, dump file:line, the user's source line, the message, the
+  suggestion and the evidence numbers. Output formats only render findings.
+* :class:`RuleContext` (in :mod:`hlo_doctor.rules.context`): one module of a
+  dump, with the analyses rules share built lazily and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from hlo_doctor.hlo.ir import Instruction
+    from hlo_doctor.rules.context import RuleContext
+
+__all__ = [
+    "Finding",
+    "NoOptions",
+    "Rule",
+    "RuleSkipped",
+    "Severity",
+    "SourceRef",
+    "Suggestion",
+]
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 0, "warning": 1, "info": 2}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """A line of the user's program: the innermost frame outside the frameworks."""
+
+    file: str
+    line: int
+    function: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """What to do: a one-line summary and code for each framework (None: no code)."""
+
+    summary: str
+    jax: str | None = None
+    torch_xla: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem found in one module.
+
+    ``instruction`` is the name in the after-partitioning snapshot where one
+    exists (else in the snapshot named by ``file``); ``related`` names the
+    other instructions involved, in any snapshot. ``file``/``line`` point
+    into the dump; ``source`` at the user's program (None when the dump has
+    no location). ``evidence`` holds the numbers behind the message.
+    """
+
+    rule: str
+    severity: Severity
+    module: str
+    message: str
+    instruction: str | None = None
+    related: tuple[str, ...] = ()
+    file: str | None = None
+    line: int | None = None
+    source: SourceRef | None = None
+    suggestion: Suggestion | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def sort_key(self) -> tuple:
+        return (self.module, self.file or "", self.line or 0, self.rule, self.instruction or "")
+
+
+class RuleSkipped(Exception):
+    """Raised by a check that cannot judge this module; the reason is reported (``-v``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class NoOptions:
+    """A rule without options."""
+
+
+class Rule:
+    """Base class of every rule (built-in or plugin).
+
+    Subclasses set ``id`` (stable, kebab-case, names the pattern found),
+    ``severity``, ``summary`` (one line), optionally ``Options`` (a frozen
+    dataclass of typed option fields with defaults), write their docstring
+    to the template *What it finds / Why it hurts / Example / Fix / Options*,
+    and implement :meth:`check`.
+    """
+
+    id: ClassVar[str] = ""
+    severity: ClassVar[Severity] = Severity.WARNING
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, options: Any = None, **overrides: Any) -> None:
+        if options is None:
+            options = self.Options(**overrides)
+        elif overrides:
+            options = dataclasses.replace(options, **overrides)
+        self.options = options
+
+    def check(self, ctx: RuleContext) -> Iterator[Finding]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- helpers for subclasses ------------------------------------------
+    def finding(
+        self,
+        ctx: RuleContext,
+        message: str,
+        *,
+        instruction: Instruction | None = None,
+        name: str | None = None,
+        related: tuple[str, ...] | list[str] = (),
+        suggestion: Suggestion | None = None,
+        evidence: Mapping[str, Any] | None = None,
+        severity: Severity | None = None,
+        source_from: Instruction | None = None,
+    ) -> Finding:
+        """A finding of this rule in ``ctx``'s module, located at ``instruction``.
+
+        The dump file:line and the user's source come from ``instruction``
+        (or ``source_from`` when given). A torch_xla location made only of
+        library frames is noted in the message.
+        """
+        file = line = None
+        source = None
+        where = source_from or instruction
+        if instruction is not None:
+            file = instruction.origin.path
+            line = instruction.position.line
+        if where is not None:
+            source, library_only = ctx.user_source(where)
+            if source is None and library_only:
+                message += " (the dump records only library frames for this op, no line of your code)"
+        return Finding(
+            rule=self.id,
+            severity=severity or self.severity,
+            module=ctx.module.key,
+            message=message,
+            instruction=name or (instruction.name if instruction is not None else None),
+            related=tuple(related),
+            file=file,
+            line=line,
+            source=source,
+            suggestion=suggestion,
+            evidence=dict(evidence or {}),
+        )
+
+    @classmethod
+    def option_fields(cls) -> list[dataclasses.Field]:
+        return list(dataclasses.fields(cls.Options)) if dataclasses.is_dataclass(cls.Options) else []

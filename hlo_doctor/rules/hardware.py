@@ -1,0 +1,85 @@
+"""Hardware profiles: peak bf16 FLOP/s and collective bandwidth, for cost estimates.
+
+Bundled profiles live in ``hlo_doctor/rules/profiles/NAME.json`` (``h100``,
+``a100``, ``tpu-v4``, ``tpu-v5e``), each with the sources of its numbers.
+``--hardware`` takes a bundled name or the path of a JSON file with the same
+keys. Bandwidths are bytes per second *each way* per device, the figure a
+ring collective is limited by; they are datasheet peaks, so estimates from
+them are optimistic lower bounds on communication time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from hlo_doctor.errors import InputError
+
+__all__ = ["HardwareProfile", "bundled_profiles", "load_profile"]
+
+_FIELDS = ("name", "peak_bf16_flops", "intra_host_bandwidth", "inter_host_bandwidth", "devices_per_host")
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    name: str
+    peak_bf16_flops: float  # FLOP/s per device, dense
+    intra_host_bandwidth: float  # bytes/s each way per device, inside a host (NVLink, ICI)
+    inter_host_bandwidth: float  # bytes/s each way per device, between hosts
+    devices_per_host: int
+    description: str = ""
+    sources: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> HardwareProfile:
+        missing = [key for key in _FIELDS if key not in data]
+        if missing:
+            raise InputError(f"hardware profile lacks {', '.join(missing)}", path=where)
+        try:
+            return cls(
+                name=str(data["name"]),
+                peak_bf16_flops=float(data["peak_bf16_flops"]),
+                intra_host_bandwidth=float(data["intra_host_bandwidth"]),
+                inter_host_bandwidth=float(data["inter_host_bandwidth"]),
+                devices_per_host=int(data["devices_per_host"]),
+                description=str(data.get("description", "")),
+                sources=tuple(str(s) for s in data.get("sources", ())),
+            )
+        except (TypeError, ValueError) as error:
+            raise InputError(f"bad hardware profile: {error}", path=where) from None
+
+
+def _profile_dir():
+    return resources.files("hlo_doctor.rules") / "profiles"
+
+
+def bundled_profiles() -> dict[str, HardwareProfile]:
+    """Every bundled profile by name."""
+    found = {}
+    for entry in sorted(_profile_dir().iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            profile = HardwareProfile.from_dict(json.loads(entry.read_text()), entry.name)
+            found[profile.name] = profile
+    return found
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """A bundled profile by name (case-insensitive), or a JSON file's. Raises InputError."""
+    profiles = bundled_profiles()
+    key = name_or_path.lower()
+    if key in profiles:
+        return profiles[key]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        try:
+            data = json.loads(path.read_text())
+        except OSError as error:
+            raise InputError(error.strerror or str(error), path=str(path)) from None
+        except ValueError as error:
+            raise InputError(f"not valid JSON: {error}", path=str(path)) from None
+        if not isinstance(data, dict):
+            raise InputError("a hardware profile must be a JSON object", path=str(path))
+        return HardwareProfile.from_dict(data, str(path))
+    raise InputError(f"unknown hardware '{name_or_path}' (bundled: {', '.join(sorted(profiles))}, or a JSON file)")
