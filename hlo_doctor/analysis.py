@@ -163,6 +163,7 @@ def analyze_dump(
 def _collective_summary(ctx: RuleContext) -> dict[str, tuple[int, int]]:
     summary: dict[str, tuple[int, int]] = {}
     for op in ctx.collectives:
+        times = ctx.executions.get(op.computation, 1)
         count, nbytes = summary.get(op.kind, (0, 0))
-        summary[op.kind] = (count + op.multiplier, nbytes + op.bytes * op.multiplier)
+        summary[op.kind] = (count + times, nbytes + max(op.bytes_in_per_device, op.bytes_out_per_device) * times)
     return dict(sorted(summary.items()))

@@ -19,7 +19,7 @@ from hlo_doctor.rules import (
     Severity,
     discover,
 )
-from hlo_doctor.rules.context import is_library_file
+from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.rules.docs import missing_sections
 from hlo_doctor.rules.hardware import bundled_profiles, load_profile
 from hlo_doctor.testing import finding_key

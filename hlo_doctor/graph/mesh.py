@@ -104,6 +104,28 @@ class Mesh:
         """The coordinate of a logical id along each axis, or None if not in the mesh."""
         return self._coords.get(device)
 
+    def axes_for(self, shards: int) -> tuple[str, ...] | None:
+        """Mesh axes whose sizes multiply to ``shards``: one axis if possible, else a run of adjacent axes."""
+        for name, size in zip(self.axis_names, self.axis_sizes):
+            if size == shards:
+                return (name,)
+        for start in range(len(self.axis_sizes)):
+            for stop in range(start + 2, len(self.axis_sizes) + 1):
+                if math.prod(self.axis_sizes[start:stop]) == shards:
+                    return self.axis_names[start:stop]
+        return None
+
+    def fsdp_axes(self) -> tuple[str, ...] | None:
+        """The axes to shard weights over: an axis named fsdp/data/dp/batch, else the largest axis."""
+        for wanted in ("fsdp", "data", "dp", "batch"):
+            for name in self.axis_names:
+                if name.lower() == wanted:
+                    return (name,)
+        if not self.axis_names:
+            return None
+        largest = max(range(len(self.axis_sizes)), key=lambda i: self.axis_sizes[i])
+        return (self.axis_names[largest],)
+
     def groups_over(self, axes: Sequence[str]) -> tuple[tuple[int, ...], ...]:
         """Device groups whose members differ only along ``axes``.
 

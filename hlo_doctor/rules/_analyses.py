@@ -1,8 +1,4 @@
-"""Small analyses shared through RuleContext: collectives with their bytes, dot FLOPs.
-
-Local stand-ins until :mod:`hlo_doctor.graph.collectives` lands; they read
-shapes and replica groups straight from the IR.
-"""
+"""Small analyses shared through RuleContext: execution counts per step, dot FLOPs."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import re
 from collections.abc import Iterator
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Shape
-from hlo_doctor.rules.context import COLLECTIVE_KINDS, CollectiveOp
+from hlo_doctor.rules.context import COLLECTIVE_KINDS
 
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 
@@ -89,71 +85,12 @@ def trip_count(instruction: Instruction, by_name: dict[str, Computation]) -> int
     return 1
 
 
-def _array_bytes(shape: Shape) -> int:
-    if shape.is_tuple:
-        return max((s.byte_size for s in shape.leaves()), default=0)
-    return shape.byte_size
-
-
-def collective_bytes(instruction: Instruction, kind: str, computation: Computation) -> int:
-    """Bytes of the collective's full data per device (the larger of operand and result)."""
-    operand_bytes = 0
-    for name in instruction.operands:
-        operand = computation.get(name)
-        if operand is not None:
-            operand_bytes += _array_bytes(operand.shape)
-    shape = instruction.shape
-    if instruction.opcode.endswith("-start") and shape.is_tuple and shape.tuple_shapes:
-        result_bytes = _array_bytes(shape.tuple_shapes[-1])
-    else:
-        result_bytes = _array_bytes(shape)
-    return max(operand_bytes, result_bytes)
-
-
-def wire_bytes(kind: str, size: int, group: int) -> float:
-    """Bytes each device sends in a ring implementation."""
-    if group <= 1:
-        return 0.0
-    share = (group - 1) / group
-    if kind == "all-reduce":
-        return 2 * share * size
-    if kind in ("collective-permute", "collective-broadcast"):
-        return float(size)
-    return share * size
-
-
-def find_collectives(module: HloModule, num_partitions: int, devices_per_host: int | None) -> tuple[CollectiveOp, ...]:
-    found = []
-    for computation, instruction, times in walk(module):
-        kind = collective_kind(instruction, module)
-        if kind is None:
-            continue
-        groups: tuple[tuple[int, ...], ...] = ()
-        replica_groups = None
-        try:
-            replica_groups = instruction.replica_groups
-            groups = replica_groups.groups() if replica_groups is not None else ()
-        except Exception:  # noqa: BLE001 - unreadable groups: treat as all partitions
-            groups = ()
-        if kind in ("collective-permute", "collective-broadcast"):
-            pairs = instruction.source_pairs or ()
-            groups = tuple(tuple(p) for p in pairs)
-            size = 2 if pairs else 1
-        else:
-            if not groups or groups == ((),):
-                groups = (tuple(range(num_partitions)),)
-            size = max(len(g) for g in groups)
-        data = collective_bytes(instruction, kind, computation)
-        crosses = None
-        if devices_per_host:
-            crosses = any(len({d // devices_per_host for d in g}) > 1 for g in groups)
-        found.append(
-            CollectiveOp(
-                instruction=instruction, kind=kind, groups=groups, group_size=size, bytes=data,
-                bytes_on_wire=wire_bytes(kind, data, size), multiplier=times, crosses_hosts=crosses,
-            )
-        )
-    return tuple(found)
+def execution_counts(module: HloModule) -> dict[str, int]:
+    """How often each computation reachable from the entry runs per step."""
+    counts: dict[str, int] = {}
+    for computation, _, times in walk(module):
+        counts[computation.name] = max(counts.get(computation.name, 0), times)
+    return counts
 
 
 _DIM_LABELS = re.compile(r"^(\w+)_(\w+)->(\w+)$")

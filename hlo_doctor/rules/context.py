@@ -7,24 +7,26 @@ first time a rule asks for it, so a dozen rules cost little more than one.
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hlo_doctor.dump import Dump, DumpModule, Role
+from hlo_doctor.graph.collectives import Collective, find_collectives
+from hlo_doctor.graph.devices import DeviceMap, device_map
+from hlo_doctor.graph.mesh import Mesh, recover_mesh
+from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.rules.base import SourceRef
 
 if TYPE_CHECKING:
+    from hlo_doctor.graph.dataflow import DataflowGraph
     from hlo_doctor.hlo.ir import HloModule, Instruction, SourceLocation
     from hlo_doctor.rules.hardware import HardwareProfile
 
 __all__ = [
     "AnalysisOptions",
-    "CollectiveOp",
-    "MeshInfo",
     "RuleContext",
     "is_library_file",
 ]
@@ -34,20 +36,6 @@ COLLECTIVE_KINDS = (
     "collective-permute", "collective-broadcast", "ragged-all-to-all",
 )
 
-# Path pieces of frames that are not the user's code.
-_LIBRARY_PARTS = (
-    "site-packages", "dist-packages", "/jax/", "/jaxlib/", "/torch/", "/torch_xla/",
-    "/xla/", "/flax/", "/optax/", "/equinox/", "/haiku/", "<frozen ", "/bootstrap/sitecustomize.py",
-)
-_LIBRARY_PREFIXES = ("jax/", "jaxlib/", "torch/", "torch_xla/", "xla/")
-
-
-def is_library_file(path: str) -> bool:
-    """A frame in jax, torch, torch_xla, xla, site-packages or hlo-doctor's run bootstrap."""
-    text = path.replace("\\", "/")
-    return any(part in text for part in _LIBRARY_PARTS) or text.startswith(_LIBRARY_PREFIXES)
-
-
 @dataclass(frozen=True, slots=True)
 class AnalysisOptions:
     """Options of one analysis run that rules may read."""
@@ -55,57 +43,6 @@ class AnalysisOptions:
     devices_per_host: int | None = None
     hardware: HardwareProfile | None = None
     verbose: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class MeshInfo:
-    """A device mesh: named axes (major to minor) and the device ids in row-major order."""
-
-    axis_names: tuple[str, ...]
-    shape: tuple[int, ...]
-    device_ids: tuple[int, ...]
-    origin: str  # "module.mlir" | "hlo header" | "run record"
-
-    def axes_for(self, shards: int) -> tuple[str, ...] | None:
-        """Mesh axes whose sizes multiply to ``shards`` (one axis preferred, then adjacent runs)."""
-        for name, size in zip(self.axis_names, self.shape):
-            if size == shards:
-                return (name,)
-        for start in range(len(self.shape)):
-            for stop in range(start + 2, len(self.shape) + 1):
-                if math.prod(self.shape[start:stop]) == shards:
-                    return self.axis_names[start:stop]
-        return None
-
-    def fsdp_axes(self) -> tuple[str, ...] | None:
-        """The axes to shard weights over: an axis called fsdp/data/dp, else the biggest axis."""
-        for wanted in ("fsdp", "data", "dp", "batch"):
-            for name in self.axis_names:
-                if name.lower() == wanted:
-                    # torch_xla's fsdp+replica meshes: shard over both when the second is 1
-                    return (name,)
-        if not self.axis_names:
-            return None
-        best = max(range(len(self.shape)), key=lambda i: self.shape[i])
-        return (self.axis_names[best],)
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveOp:
-    """One collective in a snapshot, with the bytes it moves per device (ring estimates).
-
-    A local stand-in until :mod:`hlo_doctor.graph.collectives` lands.
-    """
-
-    instruction: Instruction
-    kind: str  # all-gather, all-reduce, ... (without -start/-done)
-    groups: tuple[tuple[int, ...], ...]
-    group_size: int
-    bytes: int  # bytes of the collective's data per device (operand or result)
-    bytes_on_wire: float  # bytes each device sends (ring algorithm)
-    multiplier: int = 1  # executions per step (while loops with a known trip count)
-    crosses_hosts: bool | None = None
-    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
 class RuleContext:
@@ -203,27 +140,14 @@ class RuleContext:
         return None
 
     @cached_property
-    def mesh(self) -> MeshInfo | None:
-        """The device mesh: Shardy's ``sdy.mesh`` (module.mlir or header), else the run record's."""
-        meshes = self.module.meshes
-        if meshes:
-            chosen = next((m for m in meshes if m.name == "mesh"), meshes[0])
-            ids = chosen.device_ids or tuple(range(chosen.num_devices))
-            origin = "module.mlir" if self.module.mlir is not None and self.module.mlir.meshes else "hlo header"
-            return MeshInfo(chosen.axis_names, chosen.shape, tuple(ids), origin)
-        record = self.dump.run_record or {}
-        candidates = record.get("meshes") if isinstance(record, dict) else None
-        if isinstance(candidates, list):
-            for mesh in candidates:
-                try:
-                    names = tuple(str(n) for n in mesh["axis_names"])
-                    shape = tuple(int(s) for s in mesh["shape"])
-                except (KeyError, TypeError, ValueError):
-                    continue
-                if math.prod(shape) == self.num_partitions or len(candidates) == 1:
-                    ids = tuple(int(i) for i in mesh.get("device_ids") or range(math.prod(shape)))
-                    return MeshInfo(names, shape, ids, "run record")
-        return None
+    def mesh(self) -> Mesh | None:
+        """The device mesh (module.mlir, the runner's record, replica groups, or inferred)."""
+        return recover_mesh(self.module, self.sharded or self.per_device, self.dump.run_record)
+
+    @cached_property
+    def device_map(self) -> DeviceMap:
+        """Logical partition id -> physical device, and each device's host."""
+        return device_map(self.module, self.dump.run_record, self.devices_per_host)
 
     # -- source locations ----------------------------------------------------
     def user_source(self, instruction: Instruction) -> tuple[SourceRef | None, bool]:
@@ -235,14 +159,34 @@ class RuleContext:
 
     # -- shared analyses ---------------------------------------------------
     @cached_property
-    def collectives(self) -> tuple[CollectiveOp, ...]:
+    def collectives(self) -> tuple[Collective, ...]:
         """Collectives of the per-device module (partitioned, else after optimizations)."""
-        from hlo_doctor.rules._analyses import find_collectives
-
         module = self.per_device
         if module is None:
             return ()
-        return find_collectives(module, self.num_partitions, self.devices_per_host)
+        return tuple(find_collectives(module, self.device_map, self.mesh))
+
+    @cached_property
+    def executions(self) -> dict[str, int]:
+        """Per-device module: how often each computation runs per step (while trip counts)."""
+        from hlo_doctor.rules._analyses import execution_counts
+
+        module = self.per_device
+        return execution_counts(module) if module is not None else {}
+
+    def instruction(self, computation: str, name: str) -> Instruction | None:
+        """An instruction of the per-device module."""
+        module = self.per_device
+        found = module.computation(computation) if module is not None else None
+        return found.get(name) if found is not None else None
+
+    @cached_property
+    def graph(self) -> DataflowGraph | None:
+        """The dataflow graph of the per-device module."""
+        from hlo_doctor.graph.dataflow import build_graph
+
+        module = self.per_device
+        return build_graph(module) if module is not None else None
 
     @cached_property
     def dot_flops(self) -> float:

@@ -92,9 +92,12 @@ class CommunicationBound(Rule):
         total_bytes = 0.0
         inter_bytes = 0.0
         for op in collectives:
-            crosses = any(len({d // devices_per_host for d in g}) > 1 for g in op.groups)
+            crosses = op.crosses_hosts
+            if crosses is None:
+                groups = op.physical_groups or op.logical_groups
+                crosses = any(len({d // devices_per_host for d in g}) > 1 for g in groups)
             bandwidth = hardware.inter_host_bandwidth if crosses else hardware.intra_host_bandwidth
-            sent = op.bytes_on_wire * op.multiplier
+            sent = op.wire_bytes_per_device * ctx.executions.get(op.computation, 1)
             total_bytes += sent
             inter_bytes += sent if crosses else 0.0
             costs.append((sent / bandwidth, op))
@@ -116,13 +119,14 @@ class CommunicationBound(Rule):
             f"on {hardware.name}, collectives take an estimated {fraction:.0%} of the step: "
             f"{_us(comm)} to send {_mib(total_bytes)} per device in {len(collectives)} collectives vs "
             f"{_us(compute)} for {flops / 1e9:.3g} GFLOP of matmuls ({intensity:.0f} FLOP per byte sent; "
-            f"the hardware needs about {machine:.0f}); the largest is {top.kind} {top.instruction.name} ({_us(top_time)})"
+            f"the hardware needs about {machine:.0f}); the largest is {top.kind} {top.instruction} ({_us(top_time)})"
         )
         return_value = self.finding(
             ctx,
             message,
-            instruction=top.instruction,
-            related=tuple(op.instruction.name for _, op in costs[1:6]),
+            instruction=ctx.instruction(top.computation, top.instruction),
+            name=top.instruction,
+            related=tuple(op.instruction for _, op in costs[1:6]),
             suggestion=Suggestion(
                 summary=("Do more work per byte sent: a larger per-device batch, fewer FSDP shards (FSDP inside a "
                          "host, replicas across hosts), tensor parallelism only inside a host."),

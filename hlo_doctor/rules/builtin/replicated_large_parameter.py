@@ -161,14 +161,14 @@ def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None
     axes = None
     if mesh is not None:
         fsdp = mesh.fsdp_axes()
-        if fsdp and math.prod(mesh.shape[mesh.axis_names.index(a)] for a in fsdp) == shard_count:
+        if fsdp and math.prod(mesh.axis_size(a) for a in fsdp) == shard_count:
             axes = fsdp
         else:
             axes = mesh.axes_for(shard_count)
         # torch_xla meshes like ('fsdp', 'replica') with replica=1: name both, as users write them
-        if axes and len(axes) == 1 and len(mesh.axis_names) > 1 and math.prod(mesh.shape) == shard_count:
+        if axes and len(axes) == 1 and len(mesh.axis_names) > 1 and mesh.num_devices == shard_count:
             axes = mesh.axis_names if all(
-                s == 1 for a, s in zip(mesh.axis_names, mesh.shape) if a not in axes
+                s == 1 for a, s in zip(mesh.axis_names, mesh.axis_sizes) if a not in axes
             ) else axes
     return shard_count, axes
 
