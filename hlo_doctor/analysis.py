@@ -8,6 +8,7 @@ parse or crashes an analysis is reported in ``errors``; the others go on.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -86,11 +87,13 @@ def analyze_dump(
     verbose: bool = False,
     registry: Registry | None = None,
     progress: Progress | None = None,
+    ignore_ops: Iterable[str] = (),
 ) -> Report:
     """Analyze the dump at ``path`` with the registered rules.
 
     ``select``/``ignore`` choose rules by id; ``rule_options`` sets option
-    fields per rule id; ``hardware`` is a bundled profile name, a JSON file
+    fields per rule id; ``ignore_ops`` drops findings whose op_name matches
+    one of these globs; ``hardware`` is a bundled profile name, a JSON file
     or a :class:`HardwareProfile`. Raises :class:`InputError` for an
     unusable dump, an unknown rule id or hardware, or bad rule options.
     """
@@ -148,6 +151,9 @@ def analyze_dump(
     if progress is not None:
         progress(total, total, "")
     errors.extend(ReportError(e.path, e.message) for e in dump.load_errors)
+    patterns = tuple(ignore_ops)
+    if patterns:
+        findings = [f for f in findings if not (f.op_name and any(fnmatch.fnmatchcase(f.op_name, p) for p in patterns))]
     return Report(
         dump=str(dump.path),
         modules=tuple(summaries),

@@ -10,7 +10,10 @@ import click
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("hlo_doctor.dump.cli", "ls_command"),
     ("hlo_doctor.rules.cli", "analyze_command"),
+    ("hlo_doctor.gate.cli", "check_command"),
+    ("hlo_doctor.gate.cli", "diff_command"),
     ("hlo_doctor.rules.cli", "rules_command"),
+    ("hlo_doctor.gate.cli", "config_command"),
     ("hlo_doctor.runner.cli", "run_command"),
     ("hlo_doctor.runner.cli", "examples_command"),
     ("hlo_doctor.graph.cli", "show_command"),

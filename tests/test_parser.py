@@ -301,3 +301,19 @@ ENTRY e {
     assert source is not None
     assert [(f.function, f.line) for f in source.frames] == [("mlp", 43), ("main", 48), ("<module>", 52)]
     assert (source.file, source.line, source.function) == ("/home/me/train.py", 43, "mlp")
+
+
+def test_mesh_replica_groups_with_device_ids() -> None:
+    # As XLA:GPU prints them for jax.make_mesh((2, 8)) on 2 hosts x 8 GPUs.
+    for separator in ("\n", "\n  // comment\n"):
+        comp = only_computation(
+            "HloModule m\nENTRY e {\n  p = f32[8] parameter(0)" + separator
+            + "  ROOT a = f32[8] all-reduce(p), channel_id=1, replica_groups=mesh['axis_0'=8,'axis_1'=1,'axis_2'=2], "
+            "device_ids=([2,8]T(1,0)) {'axis_0'}, use_global_device_ids=true, to_apply=add\n}"
+        )
+        all_reduce = comp.instructions[1]
+        assert all_reduce.attribute("replica_groups") == (
+            "mesh['axis_0'=8,'axis_1'=1,'axis_2'=2], device_ids=([2,8]T(1,0)) {'axis_0'}"
+        )
+        assert all_reduce.replica_groups.groups() == (tuple(range(8)), tuple(range(8, 16)))
+        assert all_reduce.attribute("use_global_device_ids") == "true"

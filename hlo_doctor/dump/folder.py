@@ -241,7 +241,7 @@ class DumpModule:
     # -- metadata (read on first access) ----------------------------------
     @cached_property
     def compile_options(self) -> CompileOptions | None:
-        """From ``compile_options.textproto``, else ``config.pbtxt``."""
+        """From ``compile_options.textproto``, else ``module_NNNN.NAME.config.pbtxt`` / ``config.pbtxt``."""
         for path in self._metadata_paths("compile_options.textproto", "config.pbtxt"):
             message = self._read_textproto(path)
             if message is not None:
@@ -457,6 +457,7 @@ def _load_file(path: Path, size: int) -> Dump:
         parent = path.parent
         folder = parent / f"module_{name.module_id:04d}.{name.module_name}"
         debug = parent / f"module_{name.module_id:04d}.{name.module_name}.debug_options"
+        config = parent / f"module_{name.module_id:04d}.{name.module_name}.config.pbtxt"
         module = DumpModule(
             name.module_id,
             name.module_name,
@@ -464,6 +465,7 @@ def _load_file(path: Path, size: int) -> Dump:
             folder=folder if folder.is_dir() else None,
             debug_options_path=debug if debug.is_file() else None,
             shardy_dumps=_shardy_dumps(parent / "shardy" / folder.name),
+            config_path=config if config.is_file() else None,
         )
     else:
         stem = path.name
@@ -529,6 +531,11 @@ def _load_folder(folder: Path) -> Dump:
     for key in sorted(grouped):
         module_id, module_name = key
         dir_name = f"module_{module_id:04d}.{module_name}"
+        module_config = folder / f"{dir_name}.config.pbtxt"  # GPU: one HloModuleConfig each
+        if module_config.name in files:
+            config_path: Path | None = module_config
+        else:
+            config_path = config if config.is_file() else None
         modules.append(
             DumpModule(
                 module_id,
@@ -537,7 +544,7 @@ def _load_folder(folder: Path) -> Dump:
                 folder=module_dirs.get(key),
                 debug_options_path=debug_paths.get(key),
                 shardy_dumps=_shardy_dumps(folder / "shardy" / dir_name),
-                config_path=config if config.is_file() else None,
+                config_path=config_path,
             )
         )
     run_record = _read_run_record(folder, errors)

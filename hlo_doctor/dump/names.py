@@ -8,6 +8,7 @@ behind a ``TIMESTAMP.`` prefix (``--xla_dump_include_timestamp``)::
     [TS.]module_0010.jit_f.0020.copy-insertion.after_adding_copies_to_resolve_interference.txt
     [TS.]module_0010.jit_f.cpu_after_optimizations.txt          (GPU: sm_9.0a_gpu_after_optimizations)
     module_0010.jit_f.debug_options
+    module_0010.jit_f.config.pbtxt                              (GPU: HloModuleConfig, device assignment)
     module_0010.jit_f/                                          (module.mlir, compile_options.textproto, ...)
     shardy/module_0010.jit_f/NN.STAGE.mlir                      (Shardy's own MLIR dumps)
 

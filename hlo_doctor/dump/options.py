@@ -3,7 +3,8 @@
 Read from the text-format files XLA writes next to the HLO:
 ``module_NNNN.NAME/compile_options.textproto`` (``num_partitions``,
 ``num_replicas``, ``device_assignment``, ``use_shardy_partitioner``...),
-``config.pbtxt`` (GPU deviceless compiles), ``topology.textproto`` and
+``config.pbtxt`` / ``module_NNNN.NAME.config.pbtxt`` (an ``HloModuleConfigProto``,
+GPU compiles; its ``static_device_assignment``), ``topology.textproto`` and
 ``module_NNNN.NAME.debug_options``. Fields are looked up anywhere in the
 message tree, so it does not matter which wrapper message holds them.
 """
@@ -87,6 +88,8 @@ class CompileOptions:
     @classmethod
     def from_message(cls, message: Message, source: str = "") -> CompileOptions:
         assignment = message.find("device_assignment")
+        if not isinstance(assignment, Message):  # HloModuleConfigProto (GPU config.pbtxt)
+            assignment = message.find("static_device_assignment")
         return cls(
             num_partitions=_int(message.find("num_partitions")),
             num_replicas=_int(message.find("num_replicas")),

@@ -20,6 +20,13 @@ class Example:
     # framework -> script file name under programs/
     scripts: dict[str, str] = field(default_factory=dict)
     reference: str | None = None
+    # GPU targets it compiles for deviceless (`--target`), the first is the default;
+    # the script gets `--devices N` (and `--devices-per-host H`) for the target's shape.
+    targets: tuple[str, ...] = ()
+    # Only meaningful on a GPU target: a run without --target uses targets[0].
+    target_only: bool = False
+    # variant -> extra XLA flags for that variant's compile ({"xla_name": "value"}).
+    variant_xla_flags: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -47,6 +54,7 @@ EXAMPLES: tuple[Example, ...] = (
         scripts={"jax": "fsdp_activation_gather.py",
                  "torch_xla": "fsdp_activation_gather_torch_xla.py"},
         reference="https://github.com/pytorch/xla/issues/6778",
+        targets=("a100:2x8",),  # the issue's own hardware: 2 hosts of 8 A100s
     ),
     Example(
         "non-batch-dim-sharding",
@@ -57,6 +65,16 @@ EXAMPLES: tuple[Example, ...] = (
         "cross-host-tp",
         "tensor-parallel MLP whose TP groups span two hosts of 4 devices (fixed: TP within a host)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("cross_host_tp"),
+        targets=("h100:2x8",),
+    ),
+    Example(
+        "sync-collective",
+        "FSDP llama train step on 2x8 H100s compiled with async collectives disabled "
+        "(fixed: XLA's default async collectives)",
+        PAIR, devices=16, devices_per_host=8, scripts=_jax("sync_collective"),
+        targets=("h100:2x8",), target_only=True,
+        variant_xla_flags={"bad": {
+            "xla_gpu_disable_async_collectives": "allgather,reducescatter,allreduce"}},
     ),
     Example(
         "transposed-mesh",

@@ -26,7 +26,9 @@ def _braced(inner: str) -> str:
 
 _BRACED = _braced(_braced(_braced("")))
 _BARE = r"(?:[^\s,{}()\[\]\"]|\[[^\]\n]*\])+(?:\([^()\n]*\))?"
-_MESH_GROUPS = r"mesh\[[^\]\n]*\][ \t]*\{[^}\n]*\}"
+_MESH_GROUPS = (
+    r"mesh\[[^\]\n]*\](?:,[ \t]*device_ids=\([^()\n]*(?:\([^()\n]*\)[^()\n]*)*\))?[ \t]*\{[^}\n]*\}"
+)
 # One attribute value on one line: braced (3 levels), quoted, mesh replica
 # groups (`mesh['a'=2] {'a'}`), or bare (`kLoop`, `[2,4]<=[4,2]T(1,0)`).
 VALUE = "(?:" + _BRACED + "|" + _STRING + "|" + _MESH_GROUPS + "|" + _BARE + ")"

@@ -19,6 +19,7 @@ NAME = re.compile(r"%?([A-Za-z0-9_][\w.\-]*)")
 STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 BRACE_EVENT = re.compile(r'[{}"]')
 BARE_VALUE_EVENT = re.compile(r'[\s,{}()\[\]"]')
+MESH_DEVICE_IDS = re.compile(r",\s*device_ids=\(")
 LITERAL_EVENT = re.compile(r'[(){}"]')
 
 
@@ -94,14 +95,36 @@ class Scanner:
                 i = SPACE.match(text, end).end()
                 end = self.scan_braces(i) if text.startswith("{", i) else self.scan_bare(i)
             elif key == "replica_groups" and text.startswith("mesh", start):
-                # mesh['a'=2,'b'=4] {'a'}
-                i = SPACE.match(text, end).end()
-                if text.startswith("{", i):
-                    end = self.scan_braces(i)
+                # mesh['a'=2,'b'=4] {'a'}, or with the mesh's devices:
+                # mesh['a'=8,'b'=2], device_ids=([2,8]T(1,0)) {'a'}
+                end = self.scan_mesh_groups_tail(end)
         if end == start:
             raise self.error(f"expected a value for attribute '{key}'")
         self.pos = end
         return text[start:end]
+
+    def scan_mesh_groups_tail(self, end: int) -> int:
+        """After ``mesh[...]``: an optional ``, device_ids=(...)``, then the ``{axes}``."""
+        text = self.text
+        m = MESH_DEVICE_IDS.match(text, end)
+        if m is not None:
+            depth = 0
+            i = m.end() - 1  # at '('
+            while i < len(text):
+                if text[i] == "(":
+                    depth += 1
+                elif text[i] == ")":
+                    depth -= 1
+                    if depth == 0:
+                        end = i + 1
+                        break
+                elif text[i] == "\n":
+                    raise self.error("unterminated device_ids=(...)", m.start())
+                i += 1
+        i = SPACE.match(text, end).end()
+        if text.startswith("{", i):
+            end = self.scan_braces(i)
+        return end
 
     def scan_braces(self, start: int) -> int:
         text = self.text

@@ -35,6 +35,8 @@ def finding_to_dict(finding: Finding) -> dict[str, Any]:
             "summary": suggestion.summary, "jax": suggestion.jax, "torch_xla": suggestion.torch_xla,
         },
         "evidence": {key: _plain(value) for key, value in finding.evidence.items()},
+        "op_name": finding.op_name,
+        "fingerprint": finding.fingerprint,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import linecache
+from pathlib import Path
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -121,10 +122,13 @@ def _source_excerpt(finding: Finding) -> Syntax | None:
     source = finding.source
     if source is None:
         return None
+    path = local_source_path(source.file)
+    if path is None:
+        return None
     lines = []
     first = max(1, source.line - _CONTEXT)
     for number in range(first, source.line + _CONTEXT + 1):
-        text = linecache.getline(source.file, number)
+        text = linecache.getline(path, number)
         if not text and number <= source.line:
             return None
         if text:
@@ -133,6 +137,25 @@ def _source_excerpt(finding: Finding) -> Syntax | None:
         return None
     return Syntax("\n".join(lines), "python", line_numbers=True, start_line=first,
                   highlight_lines={source.line}, theme="ansi_dark", background_color="default", word_wrap=True)
+
+
+def local_source_path(recorded: str) -> str | None:
+    """Where the recorded source file is on this machine.
+
+    Dumps record absolute paths of the machine that compiled (a CI runner, a
+    colleague's checkout). When that path does not exist here, the longest
+    tail of it that exists below the current directory is taken instead
+    (``/home/ci/work/repo/train/model.py`` -> ``./train/model.py``).
+    """
+    path = Path(recorded)
+    if path.is_file():
+        return recorded
+    parts = path.parts[1:] if path.is_absolute() else path.parts
+    for start in range(len(parts)):
+        candidate = Path.cwd().joinpath(*parts[start:])
+        if candidate.is_file():
+            return str(candidate)
+    return None
 
 
 def _hlo_excerpt(finding: Finding) -> Text | None:

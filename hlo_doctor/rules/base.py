@@ -84,6 +84,9 @@ class Finding:
     source: SourceRef | None = None
     suggestion: Suggestion | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    # Stable across recompiles (see hlo_doctor.gate.fingerprint); op_name for ignore-ops.
+    fingerprint: str = field(default="", compare=False)
+    op_name: str | None = field(default=None, compare=False)
 
     @property
     def sort_key(self) -> tuple:
@@ -158,6 +161,9 @@ class Rule:
             source, library_only = ctx.user_source(where)
             if source is None and library_only:
                 message += " (the dump records only library frames for this op, no line of your code)"
+        from hlo_doctor.gate.fingerprint import finding_key, instruction_signature
+
+        metadata = instruction.metadata if instruction is not None else None
         return Finding(
             rule=self.id,
             severity=severity or self.severity,
@@ -170,6 +176,10 @@ class Rule:
             source=source,
             suggestion=suggestion,
             evidence=dict(evidence or {}),
+            fingerprint=finding_key(
+                self.id, ctx.module.name, source, instruction_signature(instruction) or (name or "")
+            ),
+            op_name=metadata.op_name if metadata is not None else None,
         )
 
     @classmethod

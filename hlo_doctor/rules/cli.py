@@ -6,81 +6,31 @@ import sys
 
 import click
 
-from hlo_doctor.errors import InputError
-
-
-def _ids(values: tuple[str, ...]) -> list[str]:
-    """``--select a --select b,c`` -> [a, b, c]."""
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+from hlo_doctor.cli_common import analysis_options, effective_config, emit, ids, input_errors_exit_2, run_analysis
 
 
 @click.command("analyze")
 @click.argument("dump", metavar="DUMP")
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Output format.")
-@click.option("--devices-per-host", type=click.IntRange(min=1),
-              help="Devices per host, to judge which collectives cross hosts.")
-@click.option("--hardware", metavar="NAME",
-              help="Hardware profile for cost estimates: h100, a100, tpu-v4, tpu-v5e, or a JSON file.")
-@click.option("--select", multiple=True, metavar="ID", help="Run only these rules (repeat or comma-separate).")
-@click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules.")
-@click.option("-v", "--verbose", is_flag=True, help="Also say which rules could not judge a module, and why.")
-def analyze_command(dump, output_format, devices_per_host, hardware, select, ignore, verbose):
+@analysis_options
+@input_errors_exit_2
+def analyze_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose):
     """Analyze an XLA dump folder (or one HLO file) and report sharding problems.
 
-    Exits 0 when the analysis ran, whatever it found; 2 when the input cannot be used.
+    Exits 0 when the analysis ran, whatever it found; 2 when the input cannot be
+    used. For a CI gate that fails on findings, use `hlo-doctor check`.
 
     \b
       hlo-doctor analyze ./dump
       hlo-doctor analyze ./dump --format json --select uneven-sharding-padding
       hlo-doctor analyze ./dump --hardware h100 --devices-per-host 8
     """
-    from hlo_doctor.analysis import analyze_dump
+    from hlo_doctor.report import render
 
-    try:
-        with _progress() as progress:
-            report = analyze_dump(
-                dump, select=_ids(select), ignore=_ids(ignore), devices_per_host=devices_per_host,
-                hardware=hardware, verbose=verbose, progress=progress,
-            )
-    except InputError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(2)
-    if output_format == "json":
-        from hlo_doctor.report.json import render_json
-
-        click.echo(render_json(report), nl=False)
-    else:
-        from rich.console import Console
-
-        from hlo_doctor.report.text import print_text
-
-        print_text(report, Console(highlight=False))
-
-
-class _progress:
-    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
-
-    def __enter__(self):
-        if not sys.stderr.isatty():
-            self._bar = None
-            return None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self._bar = Progress(console=Console(stderr=True), transient=True)
-        self._bar.start()
-        self._task = self._bar.add_task("analyzing", total=None)
-
-        def update(done: int, total: int, module: str) -> None:
-            self._bar.update(self._task, completed=done, total=total, description=f"analyzing {module}")
-
-        return update
-
-    def __exit__(self, *exc_info):
-        if self._bar is not None:
-            self._bar.stop()
-        return False
+    config = effective_config(
+        config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host, hardware=hardware
+    )
+    report = run_analysis(dump, config, verbose)
+    emit(render(report, output_format, color=None if output is None else False), output)
 
 
 @click.command("rules")

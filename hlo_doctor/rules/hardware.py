@@ -83,3 +83,8 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             raise InputError("a hardware profile must be a JSON object", path=str(path))
         return HardwareProfile.from_dict(data, str(path))
     raise InputError(f"unknown hardware '{name_or_path}' (bundled: {', '.join(sorted(profiles))}, or a JSON file)")
+
+
+def profile_names() -> list[str]:
+    """Names of the bundled hardware profiles."""
+    return sorted(bundled_profiles())

@@ -13,6 +13,7 @@ import click
 
 from hlo_doctor.runner.detect import FrameworkError
 from hlo_doctor.runner.run import RunError, RunResult, run_example, run_script
+from hlo_doctor.runner.targets import TargetError, parse_target, target_names
 
 _ANALYSIS_MODULE = "hlo_doctor.analysis"
 
@@ -37,6 +38,11 @@ def _summarize(result: RunResult) -> None:
         f"framework {sidecar['framework']}, partitioner {sidecar['partitioner'] or 'unknown'}, "
         f"{sidecar['device_count'] or '?'} devices"
     )
+    if sidecar.get("target"):
+        t = sidecar["target"]
+        click.echo(f"target {t['name']}: {t['hosts']} hosts x {t['devices_per_host']} devices "
+                   f"({t.get('device_kind', t['platform'])}), "
+                   f"{len(sidecar.get('device_assignments') or {})} modules compiled")
     for mesh in sidecar["meshes"]:
         axes = ", ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"], strict=True))
         click.echo(f"mesh ({axes}) devices {mesh['device_ids']}")
@@ -68,16 +74,34 @@ def _analyze(dump_dir: Path) -> None:
               help="Run a gallery example instead of a script (see `hlo-doctor examples`).")
 @click.option("--variant", type=click.Choice(["bad", "fixed", "healthy"]),
               help="The example's variant (default: its first).")
+@click.option("--target", "target", metavar="NAME[:HOSTSxDEVICES]",
+              help=f"JAX only: compile for a GPU cluster without a GPU, e.g. h100:2x8 "
+                   f"({', '.join(target_names())}; default 1x8). Jitted calls are compiled, "
+                   f"not run. Needs `pip install hlo-doctor[gpu-target]`.")
+@click.option("--target-config", type=click.Path(dir_okay=False, path_type=Path),
+              help="Your own GpuTargetConfigProto text file for --target (NAME is then free).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analyze, example,
-                variant, command):
+                variant, target, target_config, command):
     """Run a JAX or torch_xla script with HLO dumping on, then analyze the dump.
 
     \b
       hlo-doctor run --devices 8 -- python train.py --steps 1
+      hlo-doctor run --target h100:2x8 -- python train.py
       hlo-doctor run --example fsdp-activation-gather --variant bad
+      hlo-doctor run --example fsdp-activation-gather --target a100:2x8
     """
     partitioner = None if shardy is None else ("shardy" if shardy else "gspmd")
+    gpu_target = None
+    if target is not None or target_config is not None:
+        try:
+            gpu_target = parse_target(target, config_file=target_config)
+        except TargetError as error:
+            raise click.BadParameter(str(error), param_hint="'--target'") from None
+        if devices is not None:
+            raise click.UsageError("--target sets the device count itself; drop --devices")
+        if framework is not None and framework.replace("-", "_").lower() != "jax":
+            raise click.UsageError("--target compiles JAX programs only")
     try:
         if example is not None:
             if command or devices is not None or devices_per_host is not None:
@@ -89,7 +113,7 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
             result = run_example(
                 example, framework=framework, variant=variant or entry.variants[0],
                 dump_dir=dump_dir or _default_dump_dir(example), partitioner=partitioner,
-                echo=True,
+                echo=True, target=gpu_target,
             )
         else:
             if not command:
@@ -99,8 +123,9 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
             python, script, args = _split_command(command)
             result = run_script(
                 script, args, dump_dir=dump_dir or _default_dump_dir(Path(script).stem),
-                framework=framework, devices=devices, partitioner=partitioner,
-                devices_per_host=devices_per_host, python=python, echo=True,
+                framework="jax" if gpu_target is not None else framework, devices=devices,
+                partitioner=partitioner, devices_per_host=devices_per_host, python=python,
+                echo=True, target=gpu_target,
             )
     except RunError as error:
         click.echo(f"error: {error}; last lines of its stderr:", err=True)

@@ -11,6 +11,7 @@ from hlo_doctor.runner.flags import DUMP_PASS_RE, merge_xla_flags
 
 EVENTS_VAR = "HLO_DOCTOR_EVENTS"
 USER_PATHS_VAR = "HLO_DOCTOR_USER_PATHS"
+TARGET_VAR = "HLO_DOCTOR_TARGET"
 PARTITIONERS = ("shardy", "gspmd")
 
 
@@ -24,14 +25,24 @@ def build_env(
     bootstrap_dir: Path | None = None,
     events_file: Path | None = None,
     user_paths: tuple[Path, ...] = (),
+    target: str | None = None,
 ) -> dict[str, str]:
-    """A copy of ``base`` set up to dump the SPMD passes of ``framework`` into ``dump_dir``."""
+    """A copy of ``base`` set up to dump the SPMD passes of ``framework`` into ``dump_dir``.
+
+    ``target`` (JAX only) is the JSON the child's deviceless hook reads
+    (:func:`hlo_doctor.runner.targets.target_env_value`); it forces
+    ``JAX_PLATFORMS=cpu``, without which the CUDA plugin probes for a GPU.
+    """
     if partitioner is not None and partitioner not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {partitioner!r}; expected shardy or gspmd")
     if partitioner is not None and framework != JAX:
         raise ValueError("only JAX lets you choose the partitioner; torch_xla always uses GSPMD")
     if devices is not None and devices < 1:
         raise ValueError(f"devices must be at least 1, got {devices}")
+    if target is not None and framework != JAX:
+        raise ValueError("--target compiles JAX programs only; torch_xla needs a GPU")
+    if target is not None and devices is not None:
+        raise ValueError("--target sets the devices itself; drop --devices")
 
     env = dict(base)
     ours: dict[str, str | None] = {
@@ -42,6 +53,9 @@ def build_env(
         if devices is not None:
             ours["xla_force_host_platform_device_count"] = str(devices)
             env["JAX_PLATFORMS"] = "cpu"
+        if target is not None:
+            env["JAX_PLATFORMS"] = "cpu"
+            env[TARGET_VAR] = target
         if partitioner is not None:
             env["JAX_USE_SHARDY_PARTITIONER"] = "1" if partitioner == "shardy" else "0"
     elif framework == TORCH_XLA:

@@ -15,16 +15,21 @@ from typing import Any
 
 from hlo_doctor.runner.detect import JAX, detect_framework, normalize_framework
 from hlo_doctor.runner.environment import build_env
+from hlo_doctor.runner.flags import merge_xla_flags
 from hlo_doctor.runner.sidecar import (
     build_sidecar,
     infer_partitioner,
     read_events,
     write_sidecar,
 )
+from hlo_doctor.runner.targets import Target, parse_target, target_env_value
 from hlo_doctor.runner.trim import DEFAULT_SIZE_CAP, TrimReport, trim_dump
 
 STDERR_TAIL_LINES = 20
 _BOOTSTRAP = Path(__file__).parent / "_child" / "sitecustomize.py"
+# Imported by sitecustomize under this name when --target is given.
+_DEVICELESS = Path(__file__).parent / "_child" / "deviceless.py"
+_DEVICELESS_MODULE = "_hlo_doctor_deviceless.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +111,14 @@ def run_script(
     timeout: float | None = None,
     size_cap: int = DEFAULT_SIZE_CAP,
     example: dict[str, str] | None = None,
+    target: Target | None = None,
+    xla_flags: Mapping[str, str | None] | None = None,
 ) -> RunResult:
     """Run ``python script *args`` with HLO dumping on, then write the sidecar and trim.
+
+    With ``target`` (JAX only) the script's ``jax.jit`` calls are compiled for
+    that GPU cluster instead of run (see :mod:`hlo_doctor.runner.targets`).
+    ``xla_flags`` are added to the child's ``XLA_FLAGS`` (``{"xla_name": "value"}``).
 
     ``env`` replaces ``os.environ`` as the base environment. With ``echo`` the script's
     stdout goes to ours instead of ``RunResult.stdout``; ``echo_stderr`` copies its stderr
@@ -126,12 +137,17 @@ def run_script(
         bootstrap = scratch_dir / "bootstrap"
         bootstrap.mkdir()
         shutil.copy(_BOOTSTRAP, bootstrap / "sitecustomize.py")
+        shutil.copy(_DEVICELESS, bootstrap / _DEVICELESS_MODULE)
         events_file = scratch_dir / "events.jsonl"
+        base = dict(os.environ if env is None else env)
+        if xla_flags:
+            base["XLA_FLAGS"] = merge_xla_flags(base.get("XLA_FLAGS"), dict(xla_flags))
         child_env = build_env(
-            os.environ if env is None else env,
+            base,
             framework=framework, dump_dir=dump, devices=devices, partitioner=partitioner,
             bootstrap_dir=bootstrap, events_file=events_file,
             user_paths=(script.resolve().parent,),
+            target=target_env_value(target) if target is not None else None,
         )
         returncode, stdout, tail = _run_child(
             command, child_env, echo=echo, echo_stderr=echo_stderr, timeout=timeout
@@ -146,6 +162,7 @@ def run_script(
         command=command, framework=framework,
         partitioner=effective_partitioner or infer_partitioner(dump, framework),
         devices=devices, devices_per_host=devices_per_host, events=events, example=example,
+        target=target, dump_dir=dump,
     )
     sidecar_path = write_sidecar(dump, sidecar)
     report = trim_dump(dump, size_cap=size_cap)
@@ -164,8 +181,13 @@ def run_example(
     echo: bool = False,
     echo_stderr: bool = False,
     timeout: float | None = None,
+    target: str | Target | None = None,
 ) -> RunResult:
-    """Run one gallery example (see ``hlo_doctor.examples``) through :func:`run_script`."""
+    """Run one gallery example (see ``hlo_doctor.examples``) through :func:`run_script`.
+
+    ``target`` (``"a100:2x8"``) compiles it deviceless for that GPU cluster; an
+    example that only makes sense on a GPU uses its first target by default.
+    """
     from hlo_doctor.examples import get_example
 
     example = get_example(name)
@@ -175,9 +197,29 @@ def run_example(
         raise ValueError(
             f"example {name!r} has variants {', '.join(example.variants)}; not {variant!r}"
         )
+    if target is None and example.target_only:
+        target = example.targets[0]
+    if isinstance(target, str):
+        target = parse_target(target)
+    args = ["--variant", variant]
+    devices: int | None = example.devices
+    devices_per_host = example.devices_per_host
+    record: dict[str, str] = {"name": name, "variant": variant}
+    if target is not None:
+        if not example.targets:
+            from hlo_doctor.examples import EXAMPLES
+
+            able = ", ".join(e.name for e in EXAMPLES if e.targets)
+            raise ValueError(f"example {name!r} does not compile for a GPU target; "
+                             f"these do: {able}")
+        args += ["--devices", str(target.device_count),
+                 "--devices-per-host", str(target.devices_per_host)]
+        devices, devices_per_host = None, target.devices_per_host
+        record["target"] = str(target)
     return run_script(
-        script, ["--variant", variant], dump_dir=dump_dir, framework=framework,
-        devices=example.devices, partitioner=partitioner,
-        devices_per_host=example.devices_per_host, env=env, python=python, echo=echo,
-        echo_stderr=echo_stderr, timeout=timeout, example={"name": name, "variant": variant},
+        script, args, dump_dir=dump_dir, framework=framework,
+        devices=devices, partitioner=partitioner,
+        devices_per_host=devices_per_host, env=env, python=python, echo=echo,
+        echo_stderr=echo_stderr, timeout=timeout, example=record, target=target,
+        xla_flags=example.variant_xla_flags.get(variant),
     )

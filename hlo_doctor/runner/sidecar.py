@@ -17,7 +17,15 @@ Schema (version 1)::
      "module_calls": [{"module_class": ..., "file": ..., "line": ..., "count": n,
                        "stack": [...]}],
      "example": {"name": ..., "variant": ...} | null,
-     "instrumentation_errors": [{"where": ..., "error": ...}]}  # the hook failing, not the script
+     "instrumentation_errors": [{"where": ..., "error": ...}],  # the hook failing, not the script
+     # only with --target (deviceless GPU compiles):
+     "target": {"name": "h100", "config": PATH, "config_path": PATH, "hosts": 2,
+                "devices_per_host": 8, "device_count": 16, "platform": "cuda",
+                "topology": "1x2x8", "device_kind": "NVIDIA H100 80GB HBM3"},
+     "devices": [{"id": 0, "process_index": 0, "kind": ...}, ...],
+     "hosts": [{"process_index": 0, "device_ids": [0, ..., 7]}, ...],
+     "compiles": [{"function": ..., "device_ids": [...]}],  # each jit call compiled
+     "device_assignments": {"module_0001.jit_f": [0, 1, ...]}}  # from *config.pbtxt
 
 Stacks list user frames only, innermost first: ``{"file", "line", "function"}``.
 """
@@ -105,6 +113,49 @@ def infer_partitioner(dump_dir: Path, framework: str) -> str | None:
     return None
 
 
+def read_device_assignments(dump_dir: Path) -> dict[str, list[int]]:
+    """``module_NNNN.NAME`` -> device of each logical id, from the dump's ``*config.pbtxt``."""
+    from hlo_doctor.dump.options import CompileOptions
+    from hlo_doctor.dump.textproto import TextprotoError, parse_textproto
+
+    found: dict[str, list[int]] = {}
+    for path in sorted(dump_dir.glob("*config.pbtxt")):
+        if path.name.endswith("gpu_target_config.pbtxt"):
+            continue
+        key = path.name.removesuffix(".config.pbtxt")  # module_NNNN.NAME
+        try:
+            message = parse_textproto(path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, TextprotoError):
+            continue
+        assignment = CompileOptions.from_message(message, str(path)).device_assignment
+        if assignment is not None:
+            found[key] = list(assignment.device_ids)
+    return found
+
+
+def _target_fields(target: Any, events: list[dict[str, Any]],
+                   dump_dir: Path | None) -> dict[str, Any]:
+    devices_event = next((e for e in reversed(events) if e.get("event") == "target_devices"), {})
+    devices = devices_event.get("devices") or [
+        {"id": d, "process_index": d // target.devices_per_host}
+        for d in range(target.device_count)
+    ]
+    hosts: dict[int, list[int]] = {}
+    for device in devices:
+        hosts.setdefault(int(device["process_index"]), []).append(int(device["id"]))
+    entry = target.to_json()
+    kinds = {d.get("kind") for d in devices if d.get("kind")}
+    if len(kinds) == 1:
+        entry["device_kind"] = kinds.pop()
+    return {
+        "target": entry,
+        "devices": devices,
+        "hosts": [{"process_index": p, "device_ids": ids} for p, ids in sorted(hosts.items())],
+        "compiles": [_strip(e) for e in events if e.get("event") == "target_compile"],
+        "device_assignments": read_device_assignments(dump_dir) if dump_dir else {},
+    }
+
+
 def build_sidecar(
     *,
     command: list[str],
@@ -114,11 +165,17 @@ def build_sidecar(
     devices_per_host: int | None,
     events: list[dict[str, Any]],
     example: dict[str, str] | None = None,
+    target: Any = None,
+    dump_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """``target`` (a :class:`~hlo_doctor.runner.targets.Target`) adds the target fields."""
     process = next((e for e in reversed(events) if e.get("event") == "process"), {})
     versions = installed_versions(framework)
     versions.update(process.get("versions", {}))
-    return {
+    if target is not None:
+        devices = target.device_count
+        devices_per_host = devices_per_host or target.devices_per_host
+    sidecar = {
         "schema_version": SCHEMA_VERSION,
         "command": list(command),
         "framework": framework,
@@ -134,6 +191,9 @@ def build_sidecar(
             _strip(e) for e in events if e.get("event") == "instrumentation_error"
         ],
     }
+    if target is not None:
+        sidecar.update(_target_fields(target, events, dump_dir))
+    return sidecar
 
 
 def write_sidecar(dump_dir: Path, sidecar: dict[str, Any]) -> Path:

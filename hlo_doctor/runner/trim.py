@@ -2,8 +2,10 @@
 
 Kept: HLO text snapshots, ``module_*/module.mlir`` and the Shardy MLIR under
 ``shardy/``, compile options, topology, debug options, and any other file up to
-the size cap. Removed: LLVM IR (``*.ll``), object files, other (kernel) MLIR,
-and non-HLO files over the cap.
+the size cap. Removed: LLVM IR (``*.ll``), object files, PTX and other
+kernels, other (kernel) MLIR, buffer assignments, live ranges, memory-usage
+reports, GPU thunk sequences and autotuning results, and non-HLO files over
+the cap. A GPU compile's ``*.config.pbtxt`` and ``*.gpu_target_config.pbtxt`` stay.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from pathlib import Path
 DEFAULT_SIZE_CAP = 1 << 20
 _DROP_SUFFIXES = (".ll", ".o", ".bc", ".ptx", ".cubin", ".fatbin")
 _SIDECAR = "hlo_doctor_run.json"
+# Not HLO snapshots, and never read: "...after_optimizations-buffer-assignment.txt" etc.
+_DROP_NAME_PARTS = ("-buffer-assignment", "-live-range", "-memory-usage-report",
+                    ".thunk_sequence", ".thunk_metadata", ".autotune_results")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,8 @@ def should_remove(path: Path, relative: Path, size_cap: int) -> bool:
     if relative.name == _SIDECAR:
         return False
     if path.suffix in _DROP_SUFFIXES:
+        return True
+    if any(part in relative.name for part in _DROP_NAME_PARTS):
         return True
     if path.suffix == ".mlir":
         return not _is_kept_mlir(relative)

@@ -6,6 +6,10 @@ The bad variant builds the mesh as np.arange(8).reshape(2, 4) with axes
 ('tp', 'dp'): 'tp' is the major axis, so its groups are {0,4}, {1,5}, {2,6},
 {3,7} and every TP all-reduce crosses hosts. The fixed variant uses
 reshape(4, 2) with axes ('dp', 'tp'): TP groups {0,1}, {2,3}, ... stay in a host.
+
+`--devices N` generalizes it (bad: reshape(2, N/2) as ('tp', 'dp'); fixed:
+reshape(N/2, 2) as ('dp', 'tp')); on 2 hosts of 8 H100s:
+`hlo-doctor run --example cross-host-tp --target h100:2x8` (TP groups {i, i+8}).
 """
 
 import argparse
@@ -22,16 +26,18 @@ DEVICES = 8
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=("bad", "fixed"), default="bad")
+    parser.add_argument("--devices", type=int, default=DEVICES)
+    parser.add_argument("--devices-per-host", type=int)  # set by --target; unused
     args = parser.parse_args(argv)
-    if jax.device_count() < DEVICES:
-        raise SystemExit(
-            f"needs {DEVICES} devices; run it through `hlo-doctor run --devices {DEVICES}`")
+    n = args.devices
+    if jax.device_count() < n:
+        raise SystemExit(f"needs {n} devices; run it through `hlo-doctor run --devices {n}`")
 
-    devices = np.array(jax.devices()[:DEVICES])
+    devices = np.array(jax.devices()[:n])
     if args.variant == "bad":
-        mesh = Mesh(devices.reshape(2, 4), ("tp", "dp"))
+        mesh = Mesh(devices.reshape(2, n // 2), ("tp", "dp"))
     else:
-        mesh = Mesh(devices.reshape(4, 2), ("dp", "tp"))
+        mesh = Mesh(devices.reshape(n // 2, 2), ("dp", "tp"))
 
     def spec(*axes):
         return NamedSharding(mesh, P(*axes))

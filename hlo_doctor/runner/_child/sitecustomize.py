@@ -17,6 +17,11 @@ What it records, as JSON lines appended to the file named by
   once per (module class, call site);
 * ``process``: device count and framework versions, when the child exits.
 
+With ``HLO_DOCTOR_TARGET`` set (``hlo-doctor run --target``), it also loads
+``_hlo_doctor_deviceless`` from the same folder, which makes JAX compile for
+the target GPU topology instead of running (see that module), and records
+``target_devices`` and ``target_compile`` events.
+
 Any existing ``sitecustomize`` further down ``sys.path`` is loaded afterwards.
 """
 
@@ -33,6 +38,7 @@ import sysconfig
 import threading
 
 _EVENTS_VAR = "HLO_DOCTOR_EVENTS"
+_TARGET_VAR = "HLO_DOCTOR_TARGET"
 _USER_PATHS_VAR = "HLO_DOCTOR_USER_PATHS"
 _MAX_FRAMES = 12
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -153,11 +159,32 @@ def _patch_jax_mesh(module) -> None:
     original = getattr(original, "__func__", original)
 
     def __new__(cls, *args, **kwargs):
+        if _target is not None:
+            args, kwargs = _substitute_target_devices(args, kwargs)
         mesh = original(cls, *args, **kwargs)
         _record_jax_mesh(mesh)
         return mesh
 
     mesh_class.__new__ = staticmethod(__new__)
+
+
+def _substitute_target_devices(args, kwargs):
+    """A Mesh the user builds from CPU devices is built on the target's devices instead."""
+    caller = sys._getframe(2)
+    if not _is_user_file(caller.f_code.co_filename):
+        return args, kwargs
+    try:
+        import numpy as np
+
+        if args:
+            devices = _target.substitute_mesh_devices(np.asarray(args[0], dtype=object))
+            return (devices, *args[1:]), kwargs
+        if "devices" in kwargs:
+            devices = _target.substitute_mesh_devices(np.asarray(kwargs["devices"], dtype=object))
+            return args, {**kwargs, "devices": devices}
+    except Exception as error:  # noqa: BLE001 - fall back to the user's devices
+        _report_error("substitute_target_devices", error)
+    return args, kwargs
 
 
 def _patch_jax_pjit(module) -> None:
@@ -355,9 +382,29 @@ def _chain_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
+_target = None
+
+
+def _install_target() -> None:
+    """``--target``: compile for the GPU topology instead of running (see deviceless.py)."""
+    global _target
+    if not os.environ.get(_TARGET_VAR):
+        return
+    import _hlo_doctor_deviceless as deviceless
+
+    _target = deviceless.ChildTarget.from_env(_emit)
+    _PATCHES["jax"] = _target.patch_jax
+    _PATCHES["jax._src.mesh_utils"] = _target.patch_mesh_utils
+    _PATCHES["jax._src.stages"] = _target.patch_stages
+
+
 def _install() -> None:
     if not os.environ.get(_EVENTS_VAR):
         return
+    try:
+        _install_target()
+    except Exception as error:  # noqa: BLE001
+        _report_error("install_target", error)
     if not any(isinstance(f, _PatchingFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchingFinder())
         atexit.register(_at_exit)

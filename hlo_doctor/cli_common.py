@@ -1,0 +1,139 @@
+"""Options shared by ``analyze`` and ``check``, and the way they meet the config file."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hlo_doctor.config import Config, load_config
+from hlo_doctor.errors import InputError
+
+FORMATS = ("text", "json", "sarif", "markdown", "github")
+
+
+def ids(values: tuple[str, ...]) -> list[str]:
+    """``--select a --select b,c`` -> [a, b, c]."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options ``analyze`` and ``check`` share (flags override the config file)."""
+    decorators = [
+        click.option("--format", "output_format", type=click.Choice(FORMATS), default="text", show_default=True,
+                     help="Output format."),
+        click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+                     help="Write the report to this file instead of stdout."),
+        click.option("--devices-per-host", type=click.IntRange(min=1),
+                     help="Devices per host, to judge which collectives cross hosts."),
+        click.option("--hardware", metavar="NAME",
+                     help="Hardware profile for cost estimates: h100, a100, tpu-v4, tpu-v5e, or a JSON file."),
+        click.option("--select", multiple=True, metavar="ID", help="Run only these rules (repeat or comma-separate)."),
+        click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules."),
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="Configuration file (default: the nearest hlo-doctor.toml, or pyproject.toml "
+                          "with [tool.hlo-doctor])."),
+        click.option("-v", "--verbose", is_flag=True, help="Also say which rules could not judge a module, and why."),
+    ]
+    for decorator in reversed(decorators):
+        command = decorator(command)
+    return command
+
+
+def effective_config(config_file: Path | None, **overrides: Any) -> Config:
+    """The file's configuration (validated against the installed rules) with flags on top."""
+    from hlo_doctor.rules import discover
+
+    registry = discover()
+    known = {rule_id: registry.rules[rule_id].rule.Options for rule_id in registry.ids()}
+    config = load_config(config_file, rule_options=known)
+    for key in ("select", "ignore"):
+        if overrides.get(key):
+            unknown = [rule_id for rule_id in overrides[key] if rule_id not in known]
+            if unknown:
+                raise InputError(f"unknown rule id '{unknown[0]}' (known: {', '.join(sorted(known))})")
+    if overrides.get("hardware"):
+        from hlo_doctor.rules.hardware import profile_names
+
+        name = overrides["hardware"]
+        if name not in profile_names() and not Path(name).is_file():
+            raise InputError(f"unknown hardware '{name}' (choose {', '.join(profile_names())} or a JSON file)")
+    return config.with_overrides(**overrides)
+
+
+def run_analysis(dump: str, config: Config, verbose: bool):
+    """``analyze_dump`` with the effective configuration and a progress bar on a terminal."""
+    from hlo_doctor.analysis import analyze_dump
+
+    with Progress() as progress:
+        return analyze_dump(
+            dump,
+            select=config.select.value,
+            ignore=config.ignore.value,
+            devices_per_host=config.devices_per_host.value,
+            hardware=config.hardware.value,
+            rule_options={rule_id: config.options_for(rule_id) for rule_id in config.rule_options},
+            ignore_ops=config.ignore_ops.value,
+            verbose=verbose,
+            progress=progress,
+        )
+
+
+def emit(text: str, output: str | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"{output}: {error.strerror or error}") from None
+
+
+def fail(error: Exception) -> None:
+    """One line on stderr and exit 2."""
+    click.echo(f"error: {error}", err=True)
+    sys.exit(2)
+
+
+def input_errors_exit_2(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn InputError/ParseError into one stderr line and exit 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from hlo_doctor.hlo import ParseError
+
+        try:
+            return command(*args, **kwargs)
+        except (InputError, ParseError) as error:
+            fail(error)
+
+    return wrapper
+
+
+class Progress:
+    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
+
+    def __enter__(self):
+        self._bar = None
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("analyzing", total=None)
+
+        def update(done: int, total: int, module: str) -> None:
+            self._bar.update(task, completed=done, total=total, description=f"analyzing {module}")
+
+        return update
+
+    def __exit__(self, *exc_info):
+        if self._bar is not None:
+            self._bar.stop()
+        return False

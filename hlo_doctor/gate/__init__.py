@@ -1,0 +1,1 @@
+"""The CI gate: stable finding fingerprints, baselines, ``check`` and ``diff``."""

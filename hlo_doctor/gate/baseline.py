@@ -1,0 +1,106 @@
+"""Baselines: accept today's findings, fail only on new ones (like ruff's/mypy's baselines).
+
+A baseline file records each finding's fingerprint (see
+:mod:`hlo_doctor.gate.fingerprint`) with enough context to read it; a later
+run ignores findings whose fingerprint is recorded, and reports the recorded
+ones that are gone as fixed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hlo_doctor import __version__
+from hlo_doctor.errors import InputError
+from hlo_doctor.gate.fingerprint import occurrence_fingerprints
+from hlo_doctor.rules.base import Finding
+
+BASELINE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineEntry:
+    fingerprint: str
+    rule: str
+    module: str
+    instruction: str | None
+    source: str | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineResult:
+    """Findings split by a baseline: still reported, accepted, and recorded-but-gone."""
+
+    new: tuple[Finding, ...]
+    baselined: tuple[Finding, ...]
+    fixed: tuple[BaselineEntry, ...]
+
+
+def write_baseline(findings: Sequence[Finding], path: str | Path) -> int:
+    """Record ``findings`` in ``path``; returns how many were written."""
+    entries = []
+    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings)):
+        source = f"{finding.source.file}:{finding.source.line}" if finding.source is not None else None
+        entries.append(
+            {
+                "fingerprint": fingerprint,
+                "rule": finding.rule,
+                "module": finding.module,
+                "instruction": finding.instruction,
+                "source": source,
+                "message": finding.message,
+            }
+        )
+    document = {"schema_version": BASELINE_VERSION, "tool": {"name": "hlo-doctor", "version": __version__},
+                "findings": entries}
+    try:
+        Path(path).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"{path}: cannot write the baseline: {error.strerror or error}") from None
+    return len(entries)
+
+
+def read_baseline(path: str | Path) -> tuple[BaselineEntry, ...]:
+    try:
+        document: Any = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: baseline file not found (write one with --write-baseline)") from None
+    except OSError as error:
+        raise InputError(f"{path}: {error.strerror or error}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not a baseline file: {error}") from None
+    if not isinstance(document, dict) or document.get("schema_version") != BASELINE_VERSION:
+        raise InputError(f"{path}: not an hlo-doctor baseline (schema_version {BASELINE_VERSION} expected)")
+    try:
+        return tuple(
+            BaselineEntry(
+                fingerprint=str(entry["fingerprint"]),
+                rule=str(entry["rule"]),
+                module=str(entry["module"]),
+                instruction=entry.get("instruction"),
+                source=entry.get("source"),
+                message=str(entry.get("message", "")),
+            )
+            for entry in document.get("findings", [])
+        )
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{path}: malformed baseline entry: {error}") from None
+
+
+def apply_baseline(findings: Sequence[Finding], baseline: Sequence[BaselineEntry]) -> BaselineResult:
+    recorded = {entry.fingerprint: entry for entry in baseline}
+    new, accepted = [], []
+    matched = set()
+    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings)):
+        if fingerprint in recorded:
+            accepted.append(finding)
+            matched.add(fingerprint)
+        else:
+            new.append(finding)
+    fixed = tuple(entry for entry in baseline if entry.fingerprint not in matched)
+    return BaselineResult(tuple(new), tuple(accepted), fixed)

@@ -1,0 +1,157 @@
+"""``hlo-doctor check``, ``hlo-doctor diff`` and ``hlo-doctor config``: the CI gate.
+
+Exit codes follow ruff and mypy: 0 when nothing at or above ``--fail-on``
+remains, 1 when something does, 2 on usage or input errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from hlo_doctor.cli_common import (
+    analysis_options,
+    effective_config,
+    emit,
+    ids,
+    input_errors_exit_2,
+    run_analysis,
+)
+from hlo_doctor.config import SEVERITIES
+from hlo_doctor.rules.base import Severity
+
+
+@click.command("check")
+@click.argument("dump", metavar="DUMP")
+@analysis_options
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default=None,
+              help="Fail (exit 1) on findings of this severity or worse.  [default: warning]")
+@click.option("--baseline", "baseline_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Ignore the findings recorded in this baseline file.")
+@click.option("--write-baseline", "write_baseline_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Record the current findings in this file (and exit 0).")
+@input_errors_exit_2
+def check_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
+                  fail_on, baseline_file, write_baseline_file):
+    """Gate CI on a compiled graph: exit 1 when findings at or above --fail-on remain.
+
+    \b
+      hlo-doctor check ./dump                                 # fail on warnings and errors
+      hlo-doctor check ./dump --write-baseline hlo-baseline.json
+      hlo-doctor check ./dump --baseline hlo-baseline.json --format sarif -o hlo.sarif
+    """
+    import dataclasses
+
+    from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
+    from hlo_doctor.report import render
+
+    config = effective_config(
+        config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+        hardware=hardware, fail_on=fail_on,
+    )
+    report = run_analysis(dump, config, verbose)
+    if write_baseline_file is not None:
+        count = write_baseline(report.findings, write_baseline_file)
+        click.echo(f"wrote {count} finding{'s' if count != 1 else ''} to the baseline {write_baseline_file}", err=True)
+        return
+    fixed = ()
+    baselined = 0
+    if baseline_file is not None:
+        result = apply_baseline(report.findings, read_baseline(baseline_file))
+        report = dataclasses.replace(report, findings=result.new)
+        fixed = result.fixed
+        baselined = len(result.baselined)
+    emit(render(report, output_format, color=None if output is None else False), output)
+    threshold = Severity(config.fail_on.value).rank
+    failing = [f for f in report.findings if f.severity.rank <= threshold]
+    if baseline_file is not None:
+        click.echo(f"baseline {baseline_file}: {baselined} known finding{'s' if baselined != 1 else ''} ignored, "
+                   f"{len(report.findings)} new, {len(fixed)} fixed", err=True)
+        for entry in fixed:
+            where = f" at {entry.source}" if entry.source else ""
+            click.echo(f"fixed: {entry.rule} in {entry.module}{where}: {entry.message}", err=True)
+    if failing:
+        click.echo(f"{len(failing)} finding{'s' if len(failing) != 1 else ''} at or above "
+                   f"'{config.fail_on.value}'", err=True)
+        raise SystemExit(1)
+
+
+@click.command("config")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Configuration file (default: found from the current directory up).")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@input_errors_exit_2
+def config_command(config_file, output_format):
+    """Print the effective configuration and where each value came from."""
+    config = effective_config(config_file)
+    rows = [
+        ("select", list(config.select.value) or "all rules", config.select.origin),
+        ("ignore", list(config.ignore.value), config.ignore.origin),
+        ("devices-per-host", config.devices_per_host.value, config.devices_per_host.origin),
+        ("hardware", config.hardware.value, config.hardware.origin),
+        ("ignore-ops", list(config.ignore_ops.value), config.ignore_ops.origin),
+        ("fail-on", config.fail_on.value, config.fail_on.origin),
+    ]
+    for rule_id, options in sorted(config.rule_options.items()):
+        for name, setting in sorted(options.items()):
+            rows.append((f"rules.{rule_id}.{name.replace('_', '-')}", setting.value, setting.origin))
+    if output_format == "json":
+        document = {
+            "file": str(config.path) if config.path else None,
+            "settings": [{"key": key, "value": value, "origin": origin} for key, value, origin in rows],
+        }
+        click.echo(json.dumps(document, indent=2))
+        return
+    click.echo(f"configuration file: {config.path or 'none found'}")
+    width = max(len(key) for key, _, _ in rows)
+    for key, value, origin in rows:
+        click.echo(f"{key.ljust(width)}  {json.dumps(value)}  ({origin})")
+
+
+@click.command("diff")
+@click.argument("before", metavar="BEFORE")
+@click.argument("after", metavar="AFTER")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to this file.")
+@click.option("--max-comm-increase", type=click.FloatRange(min=0), metavar="PCT",
+              help="Fail (exit 1) when collective bytes per device grow by more than PCT percent.")
+@click.option("--devices-per-host", type=click.IntRange(min=1), help="Devices per host (for cross-host bytes).")
+@click.option("--select", multiple=True, metavar="ID", help="Run only these rules.")
+@click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Configuration file.")
+@input_errors_exit_2
+def diff_command(before, after, output_format, output, max_comm_increase, devices_per_host, select, ignore,
+                 config_file):
+    """Compare two dumps of the same program: collectives, findings, parameter shardings.
+
+    Exits 1 when new findings appear or collective bytes grow by more than
+    --max-comm-increase percent; 0 otherwise; 2 on input errors.
+    """
+    from hlo_doctor.gate.diff import diff_dumps
+    from hlo_doctor.report.diff import render_diff_json, render_diff_markdown, render_diff_text
+
+    config = effective_config(config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host)
+    diff = diff_dumps(
+        before,
+        after,
+        select=config.select.value,
+        ignore=config.ignore.value,
+        devices_per_host=config.devices_per_host.value,
+        hardware=config.hardware.value,
+        rule_options={rule_id: config.options_for(rule_id) for rule_id in config.rule_options},
+        ignore_ops=config.ignore_ops.value,
+    )
+    renderers = {"json": render_diff_json, "markdown": render_diff_markdown, "text": render_diff_text}
+    emit(renderers[output_format](diff), output)
+    reasons = []
+    if diff.added:
+        reasons.append(f"{len(diff.added)} new finding{'s' if len(diff.added) != 1 else ''}")
+    if max_comm_increase is not None and diff.comm_increase_pct > max_comm_increase:
+        reasons.append(f"collective bytes grew {diff.comm_increase_pct:.1f}% (limit {max_comm_increase:g}%)")
+    if reasons:
+        click.echo("; ".join(reasons), err=True)
+        raise SystemExit(1)

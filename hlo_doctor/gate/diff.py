@@ -1,0 +1,195 @@
+"""Compare two dumps of the same program (say main and a pull request), module by module.
+
+Modules pair up by name without numeric suffixes (``module_0003.jit_step``
+and ``module_0011.jit_step``; ``SyncTensorsGraph.33`` and ``.35``), in order
+when a name repeats. For each pair: collectives by kind (executions per step,
+bytes per device, bytes that cross hosts), findings added and removed
+(matched by fingerprint), and entry parameters whose sharding changed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hlo_doctor.analysis import Report, analyze_dump
+from hlo_doctor.dump import Dump, DumpModule, load_dump
+from hlo_doctor.gate.fingerprint import module_family, occurrence_fingerprints
+from hlo_doctor.rules.base import Finding
+from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveTotals:
+    count: int = 0
+    bytes_per_device: int = 0
+    cross_host_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterChange:
+    number: int
+    name: str
+    shape: str
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleDiff:
+    name: str
+    before: str | None  # module keys; None when the module exists on one side only
+    after: str | None
+    collectives: Mapping[str, tuple[CollectiveTotals, CollectiveTotals]]
+    added: tuple[Finding, ...]
+    removed: tuple[Finding, ...]
+    parameters: tuple[ParameterChange, ...]
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(b.bytes_per_device for b, _ in self.collectives.values())
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(a.bytes_per_device for _, a in self.collectives.values())
+
+
+@dataclass(frozen=True, slots=True)
+class DumpDiff:
+    before: str
+    after: str
+    modules: tuple[ModuleDiff, ...]
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(m.bytes_before for m in self.modules)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(m.bytes_after for m in self.modules)
+
+    @property
+    def comm_increase_pct(self) -> float:
+        if self.bytes_before == 0:
+            return 0.0 if self.bytes_after == 0 else float("inf")
+        return 100.0 * (self.bytes_after - self.bytes_before) / self.bytes_before
+
+    @property
+    def added(self) -> tuple[Finding, ...]:
+        return tuple(f for m in self.modules for f in m.added)
+
+    @property
+    def removed(self) -> tuple[Finding, ...]:
+        return tuple(f for m in self.modules for f in m.removed)
+
+
+def diff_dumps(before: str, after: str, **options: Any) -> DumpDiff:
+    """Analyze both dumps with the same ``options`` (those of ``analyze_dump``) and compare them."""
+    before_report = analyze_dump(before, **options)
+    after_report = analyze_dump(after, **options)
+    before_dump, after_dump = load_dump(before), load_dump(after)
+    analysis = AnalysisOptions(devices_per_host=options.get("devices_per_host"))
+    modules = []
+    for name, old, new in _pair_modules(before_dump, after_dump):
+        modules.append(
+            ModuleDiff(
+                name=name,
+                before=old.key if old else None,
+                after=new.key if new else None,
+                collectives=_collective_diff(
+                    _collectives(before_dump, old, analysis), _collectives(after_dump, new, analysis)
+                ),
+                added=_findings_only_in(after_report, before_report, new, old),
+                removed=_findings_only_in(before_report, after_report, old, new),
+                parameters=_parameter_changes(old, new),
+            )
+        )
+    errors = tuple(f"{e.path}: {e.message}" for e in (*before_report.errors, *after_report.errors))
+    return DumpDiff(before_report.dump, after_report.dump, tuple(modules), errors)
+
+
+def _pair_modules(
+    before: Dump, after: Dump
+) -> Iterable[tuple[str, DumpModule | None, DumpModule | None]]:
+    families: dict[str, tuple[list[DumpModule], list[DumpModule]]] = defaultdict(lambda: ([], []))
+    for module in before.modules:
+        families[module_family(module.name)][0].append(module)
+    for module in after.modules:
+        families[module_family(module.name)][1].append(module)
+    for name, (olds, news) in families.items():
+        for index in range(max(len(olds), len(news))):
+            yield (
+                name,
+                olds[index] if index < len(olds) else None,
+                news[index] if index < len(news) else None,
+            )
+
+
+def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> dict[str, CollectiveTotals]:
+    if module is None:
+        return {}
+    ctx = RuleContext(dump, module, options)
+    totals: dict[str, CollectiveTotals] = {}
+    for op in ctx.collectives:
+        times = ctx.executions.get(op.computation, 1)
+        nbytes = max(op.bytes_in_per_device, op.bytes_out_per_device) * times
+        current = totals.get(op.kind, CollectiveTotals())
+        totals[op.kind] = CollectiveTotals(
+            current.count + times,
+            current.bytes_per_device + nbytes,
+            current.cross_host_bytes + (nbytes if op.crosses_hosts else 0),
+        )
+    return totals
+
+
+def _collective_diff(
+    before: dict[str, CollectiveTotals], after: dict[str, CollectiveTotals]
+) -> dict[str, tuple[CollectiveTotals, CollectiveTotals]]:
+    return {
+        kind: (before.get(kind, CollectiveTotals()), after.get(kind, CollectiveTotals()))
+        for kind in sorted(set(before) | set(after))
+    }
+
+
+def _findings_only_in(
+    report: Report, other: Report, module: DumpModule | None, other_module: DumpModule | None
+) -> tuple[Finding, ...]:
+    if module is None:
+        return ()
+    mine = [f for f in report.findings if f.module == module.key]
+    theirs = [f for f in other.findings if other_module is not None and f.module == other_module.key]
+    known = set(occurrence_fingerprints(theirs))
+    return tuple(f for f, print_ in zip(mine, occurrence_fingerprints(mine)) if print_ not in known)
+
+
+def _parameter_changes(before: DumpModule | None, after: DumpModule | None) -> tuple[ParameterChange, ...]:
+    if before is None or after is None:
+        return ()
+    old_params = _entry_parameters(before)
+    new_params = _entry_parameters(after)
+    changes = []
+    for number in sorted(set(old_params) | set(new_params)):
+        old, new = old_params.get(number), new_params.get(number)
+        old_sharding = old[2] if old else None
+        new_sharding = new[2] if new else None
+        if old_sharding != new_sharding:
+            name, shape = (new or old)[0], (new or old)[1]  # type: ignore[index]
+            changes.append(ParameterChange(number, name, shape, old_sharding, new_sharding))
+    return tuple(changes)
+
+
+def _entry_parameters(module: DumpModule) -> dict[int, tuple[str, str, str | None]]:
+    """Entry parameter number -> (name, global shape, sharding) after propagation."""
+    snapshot = module.after_propagation() or module.before_optimizations()
+    hlo = snapshot.try_module() if snapshot is not None else None
+    entry = hlo.entry if hlo is not None else None
+    if entry is None:
+        return {}
+    return {
+        p.parameter_number: (p.name, str(p.shape), p.attribute("sharding"))
+        for p in entry.parameters()
+        if p.parameter_number is not None
+    }

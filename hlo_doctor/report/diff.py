@@ -1,0 +1,113 @@
+"""Rendering of ``hlo-doctor diff``: text, JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from hlo_doctor.gate.diff import DumpDiff
+from hlo_doctor.report.json import finding_to_dict
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def _pct(before: int, after: int) -> str:
+    if before == after:
+        return "0%"
+    if before == 0:
+        return "new"
+    return f"{100.0 * (after - before) / before:+.0f}%"
+
+
+def diff_to_dict(diff: DumpDiff) -> dict[str, Any]:
+    increase = diff.comm_increase_pct
+    return {
+        "before": diff.before,
+        "after": diff.after,
+        "bytes_per_device": {"before": diff.bytes_before, "after": diff.bytes_after,
+                             "increase_pct": increase if math.isfinite(increase) else None},
+        "modules": [
+            {
+                "name": m.name,
+                "before": m.before,
+                "after": m.after,
+                "collectives": {
+                    kind: {
+                        "before": {"count": b.count, "bytes": b.bytes_per_device, "cross_host_bytes": b.cross_host_bytes},
+                        "after": {"count": a.count, "bytes": a.bytes_per_device, "cross_host_bytes": a.cross_host_bytes},
+                    }
+                    for kind, (b, a) in m.collectives.items()
+                },
+                "findings_added": [finding_to_dict(f) for f in m.added],
+                "findings_removed": [finding_to_dict(f) for f in m.removed],
+                "parameters_changed": [
+                    {"number": p.number, "name": p.name, "shape": p.shape, "before": p.before, "after": p.after}
+                    for p in m.parameters
+                ],
+            }
+            for m in diff.modules
+        ],
+        "errors": list(diff.errors),
+    }
+
+
+def render_diff_json(diff: DumpDiff) -> str:
+    return json.dumps(diff_to_dict(diff), indent=2) + "\n"
+
+
+def render_diff_text(diff: DumpDiff) -> str:
+    lines = [f"hlo-doctor diff: {diff.before} -> {diff.after}"]
+    for m in diff.modules:
+        lines.append("")
+        lines.append(f"module {m.name} ({m.before or 'absent'} -> {m.after or 'absent'})")
+        if m.collectives:
+            lines.append(f"  {'collective':<22}{'count':>13}  {'bytes/device':>27}  {'cross-host bytes':>27}")
+            for kind, (b, a) in m.collectives.items():
+                lines.append(
+                    f"  {kind:<22}{b.count:>5} -> {a.count:<5}  "
+                    f"{_mib(b.bytes_per_device):>11} -> {_mib(a.bytes_per_device):<11} {_pct(b.bytes_per_device, a.bytes_per_device):>4}  "
+                    f"{_mib(b.cross_host_bytes):>11} -> {_mib(a.cross_host_bytes):<11}"
+                )
+        else:
+            lines.append("  no collectives")
+        for finding in m.added:
+            lines.append(f"  + {finding.rule} {finding.instruction or ''}: {finding.message}")
+        for finding in m.removed:
+            lines.append(f"  - {finding.rule} {finding.instruction or ''}: {finding.message}")
+        for p in m.parameters:
+            lines.append(f"  parameter {p.number} ({p.name} {p.shape}) sharding: {p.before} -> {p.after}")
+    lines.append("")
+    lines.append(
+        f"collective bytes per device: {_mib(diff.bytes_before)} -> {_mib(diff.bytes_after)} "
+        f"({_pct(diff.bytes_before, diff.bytes_after)}); findings: +{len(diff.added)} -{len(diff.removed)}"
+    )
+    for error in diff.errors:
+        lines.append(f"error: {error}")
+    return "\n".join(lines) + "\n"
+
+
+def render_diff_markdown(diff: DumpDiff) -> str:
+    lines = [
+        f"### hlo-doctor diff: collective bytes per device {_mib(diff.bytes_before)} -> {_mib(diff.bytes_after)} "
+        f"({_pct(diff.bytes_before, diff.bytes_after)}), findings +{len(diff.added)} -{len(diff.removed)}",
+        "",
+    ]
+    for m in diff.modules:
+        lines += [f"**{m.name}**", "", "| collective | count | bytes/device | cross-host bytes |", "| --- | --- | --- | --- |"]
+        for kind, (b, a) in m.collectives.items():
+            lines.append(
+                f"| `{kind}` | {b.count} → {a.count} | {_mib(b.bytes_per_device)} → {_mib(a.bytes_per_device)} "
+                f"({_pct(b.bytes_per_device, a.bytes_per_device)}) | {_mib(b.cross_host_bytes)} → {_mib(a.cross_host_bytes)} |"
+            )
+        lines.append("")
+        for finding in m.added:
+            lines.append(f"- :new: `{finding.rule}` `{finding.instruction or ''}`: {finding.message}")
+        for finding in m.removed:
+            lines.append(f"- :heavy_check_mark: fixed `{finding.rule}` `{finding.instruction or ''}`: {finding.message}")
+        for p in m.parameters:
+            lines.append(f"- parameter {p.number} `{p.name}` `{p.shape}`: `{p.before}` → `{p.after}`")
+        lines.append("")
+    return "\n".join(lines)
