@@ -70,13 +70,18 @@ class Config:
         changes = {
             name: Setting(tuple(value) if isinstance(value, list) else value, COMMAND_LINE)
             for name, value in overrides.items()
-            if value is not None and value != ()
+            if value is not None and not (isinstance(value, (list, tuple)) and not value)
         }
         for name in changes:
             if name not in {f.name for f in dataclasses.fields(self)}:
                 raise TypeError(f"unknown config field {name}")
         if "fail_on" in changes:
             _check_choice("fail-on", changes["fail_on"].value, SEVERITIES, COMMAND_LINE)
+        if "select" in changes and "ignore" not in changes:
+            # A rule selected on the command line beats the file's ignore (as in ruff).
+            kept = tuple(i for i in self.ignore.value if i not in changes["select"].value)
+            if kept != tuple(self.ignore.value):
+                changes["ignore"] = Setting(kept, self.ignore.origin)
         return dataclasses.replace(self, **changes)
 
 

@@ -94,9 +94,15 @@ def config_command(config_file, output_format):
         ("ignore-ops", list(config.ignore_ops.value), config.ignore_ops.origin),
         ("fail-on", config.fail_on.value, config.fail_on.origin),
     ]
-    for rule_id, options in sorted(config.rule_options.items()):
-        for name, setting in sorted(options.items()):
-            rows.append((f"rules.{rule_id}.{name.replace('_', '-')}", setting.value, setting.origin))
+    from hlo_doctor.rules import discover
+
+    registry = discover()
+    for rule_id in registry.ids():
+        configured = config.rule_options.get(rule_id, {})
+        for option in registry.rules[rule_id].rule.option_fields():
+            setting = configured.get(option.name)
+            value, origin = (setting.value, setting.origin) if setting else (option.default, "default")
+            rows.append((f"rules.{rule_id}.{option.name.replace('_', '-')}", value, origin))
     if output_format == "json":
         document = {
             "file": str(config.path) if config.path else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hlo_doctor.report.paths import relative_path
 from hlo_doctor.rules.base import Finding, Severity
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
@@ -25,9 +26,9 @@ def annotation(finding: Finding) -> str:
     """The workflow command for one finding."""
     properties = []
     if finding.source is not None:
-        properties += [f"file={_escape_property(finding.source.file)}", f"line={finding.source.line}"]
+        properties += [f"file={_escape_property(relative_path(finding.source.file))}", f"line={finding.source.line}"]
     elif finding.file is not None:
-        properties.append(f"file={_escape_property(finding.file)}")
+        properties.append(f"file={_escape_property(relative_path(finding.file))}")
         if finding.line is not None:
             properties.append(f"line={finding.line}")
     properties.append(f"title={_escape_property('hlo-doctor ' + finding.rule)}")

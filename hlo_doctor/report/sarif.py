@@ -10,12 +10,12 @@ description, help text and default level.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hlo_doctor import __version__
+from hlo_doctor.report.paths import relative_path
 from hlo_doctor.rules.base import Finding, Rule, Severity
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -122,13 +122,9 @@ def _message(finding: Finding) -> str:
 
 
 def _uri(path: str, base: Path) -> str:
-    candidate = Path(path)
-    if candidate.is_absolute():
-        try:
-            return candidate.resolve().relative_to(base).as_posix()
-        except (ValueError, OSError):
-            return candidate.as_uri()
-    return candidate.as_posix().replace(os.sep, "/")
+    relative = relative_path(path, base)
+    candidate = Path(relative)
+    return candidate.as_uri() if candidate.is_absolute() else relative
 
 
 def _location(path: str, line: int | None, base: Path) -> dict[str, Any]:

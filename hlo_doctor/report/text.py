@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import linecache
-from pathlib import Path
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from hlo_doctor.report.paths import local_path
 from hlo_doctor.rules.base import Finding, Severity
 
 if TYPE_CHECKING:
@@ -122,9 +122,10 @@ def _source_excerpt(finding: Finding) -> Syntax | None:
     source = finding.source
     if source is None:
         return None
-    path = local_source_path(source.file)
-    if path is None:
+    found = local_path(source.file)
+    if found is None:
         return None
+    path = str(found)
     lines = []
     first = max(1, source.line - _CONTEXT)
     for number in range(first, source.line + _CONTEXT + 1):
@@ -137,25 +138,6 @@ def _source_excerpt(finding: Finding) -> Syntax | None:
         return None
     return Syntax("\n".join(lines), "python", line_numbers=True, start_line=first,
                   highlight_lines={source.line}, theme="ansi_dark", background_color="default", word_wrap=True)
-
-
-def local_source_path(recorded: str) -> str | None:
-    """Where the recorded source file is on this machine.
-
-    Dumps record absolute paths of the machine that compiled (a CI runner, a
-    colleague's checkout). When that path does not exist here, the longest
-    tail of it that exists below the current directory is taken instead
-    (``/home/ci/work/repo/train/model.py`` -> ``./train/model.py``).
-    """
-    path = Path(recorded)
-    if path.is_file():
-        return recorded
-    parts = path.parts[1:] if path.is_absolute() else path.parts
-    for start in range(len(parts)):
-        candidate = Path.cwd().joinpath(*parts[start:])
-        if candidate.is_file():
-            return str(candidate)
-    return None
 
 
 def _hlo_excerpt(finding: Finding) -> Text | None:

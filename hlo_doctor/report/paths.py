@@ -1,0 +1,39 @@
+"""Paths in reports: map the paths a dump recorded to files on this machine.
+
+Dumps record absolute paths of the machine that compiled (a CI runner, a
+colleague's checkout). When such a path does not exist here, the longest
+tail of it that exists below the base folder (the current directory) is
+taken instead: ``/home/ci/work/repo/train/model.py`` -> ``train/model.py``.
+Reports then show and link paths relative to the base, which is what code
+scanning and workflow annotations need.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def local_path(recorded: str, base: Path | None = None) -> Path | None:
+    """The file on this machine that ``recorded`` names, or None."""
+    path = Path(recorded)
+    if path.is_file():
+        return path
+    base = base or Path.cwd()
+    parts = path.parts[1:] if path.is_absolute() else path.parts
+    for start in range(len(parts)):
+        candidate = base.joinpath(*parts[start:])
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def relative_path(recorded: str, base: Path | None = None) -> str:
+    """``recorded`` relative to ``base`` when it maps below it; else as recorded (posix)."""
+    base = (base or Path.cwd()).resolve()
+    found = local_path(recorded, base)
+    if found is not None:
+        try:
+            return found.resolve().relative_to(base).as_posix()
+        except ValueError:
+            pass
+    return Path(recorded).as_posix()

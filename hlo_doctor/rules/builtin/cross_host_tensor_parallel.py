@@ -1,0 +1,309 @@
+"""cross-host-tensor-parallel: tensor-parallel collectives on activations whose device groups span hosts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from hlo_doctor.graph.collectives import Collective
+from hlo_doctor.hlo.ir import Instruction
+from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
+from hlo_doctor.rules.context import RuleContext
+
+# Mesh axis names that mean "the batch is split over this axis" (data parallel / FSDP).
+BATCH_AXIS_NAMES = frozenset({"data", "dp", "ddp", "batch", "fsdp", "replica", "dcn", "zero"})
+
+# Ops that move or re-type a stored tensor without computing on it.
+_STORAGE_OPS = frozenset({
+    "reshape", "transpose", "bitcast", "copy", "convert", "slice", "dynamic-slice",
+    "get-tuple-element", "all-gather", "all-gather-start", "all-gather-done",
+    "async-start", "async-done", "bitcast-convert", "optimization-barrier",
+})
+
+_INTEGER = ("s", "u", "pred")
+
+
+@dataclass(frozen=True, slots=True)
+class CrossHostTensorParallelOptions:
+    min_bytes: int = 0
+    """Ignore collectives that move fewer bytes per device (in or out, whichever is larger)."""
+
+
+class CrossHostTensorParallel(Rule):
+    """Tensor-parallel collectives on activations run between devices on different hosts.
+
+    **What it finds**
+
+    Collectives of the partitioned module (all-reduce, all-gather,
+    reduce-scatter, all-to-all, collective-permute) whose *physical* device
+    groups (the replica groups mapped through the device assignment) span
+    more than one host, and that carry **activations over a model axis**:
+
+    * the operand is *computed* (it is not an entry parameter merely moved:
+      reshaped, converted, sliced, gathered), so it is not an FSDP weight
+      gather;
+    * the collective's mesh axes are not all batch axes (axes named
+      ``data``/``dp``/``fsdp``/``batch``/``replica``..., or axes that shard
+      an integer input such as the tokens), so it is not a gradient
+      reduction or any other data-parallel traffic, which is meant to cross
+      hosts.
+
+    Hosts come from ``--devices-per-host N``, the runner's record, or the
+    dump's topology (the process index of each device); without any of them
+    the rule is skipped. One finding per set of mesh axes, at the largest
+    such collective.
+
+    **Why it hurts**
+
+    Tensor parallelism puts a collective on the critical path of every
+    layer, forward and backward. Inside a host it runs over NVLink/ICI
+    (hundreds of GB/s); across hosts over the data-center network, often
+    ten times slower, and nothing can overlap it. The usual cause is the
+    mesh: the TP axis is the *major* axis (``reshape(2, 4)`` with axes
+    ``('tp', 'dp')``), or the device array is transposed, so a TP group
+    takes one device from each host.
+
+    **Example**
+
+    ```
+    // 8 devices, 4 per host; mesh ('tp'=2, 'dp'=4)
+    %dot.1 = f32[16,512] dot(%max.7, %param.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+    ROOT %all-reduce = f32[16,512] all-reduce(%dot.1), channel_id=1,
+        replica_groups={{0,4},{1,5},{2,6},{3,7}}, use_global_device_ids=true, to_apply=%add
+    ```
+
+    **Fix**
+
+    Build the mesh so that the TP axis is the minor (last) axis and fits in
+    one host, with the devices in host order; keep data parallelism / FSDP
+    across hosts.
+
+    ```python
+    # JAX: 'tp' last, its groups inside a host
+    mesh = jax.make_mesh((4, 2), ('dp', 'tp'))
+    # or explicitly: per-host (ICI) shape and across-host (DCN) shape
+    mesh = Mesh(mesh_utils.create_hybrid_device_mesh((2, 2), (2, 1)), ('dp', 'tp'))
+    # torch_xla
+    mesh = xs.HybridMesh(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1), axis_names=('dp', 'tp'))
+    ```
+
+    **Options**
+
+    * ``min_bytes`` (int, default 0): ignore collectives that move fewer
+      bytes per device.
+    """
+
+    id = "cross-host-tensor-parallel"
+    severity = Severity.WARNING
+    summary = "Tensor-parallel collectives on activations cross hosts (the TP axis should stay inside a host)."
+    Options = CrossHostTensorParallelOptions
+
+    def check(self, ctx: RuleContext) -> Iterator[Finding]:
+        if ctx.per_device is None:
+            raise RuleSkipped("no partitioned or after-optimizations snapshot")
+        collectives = [c for c in ctx.collectives if max(len(g) for g in c.logical_groups or ((),)) > 1]
+        if not collectives:
+            return
+        device_map = ctx.device_map
+        if device_map.host_of is None:
+            raise RuleSkipped(
+                "the host of each device is unknown: pass --devices-per-host N "
+                "(or record it with `hlo-doctor run --devices-per-host N`)"
+            )
+        graph = ctx.graph
+        module = ctx.per_device
+        batch = batch_axes(ctx)
+        # mesh axes -> the TP collectives over them that cross hosts
+        found: dict[tuple[str, ...] | None, list[Collective]] = {}
+        for op in collectives:
+            if not op.crosses_hosts:
+                continue
+            if max(op.bytes_in_per_device, op.bytes_out_per_device) < self.options.min_bytes:
+                continue
+            axes = op.mesh_axes
+            if axes is not None and axes and set(axes) <= batch:
+                continue  # data parallel / FSDP: gradients and weight gathers are meant to cross hosts
+            instruction = ctx.instruction(op.computation, op.instruction)
+            if instruction is None or graph is None or module is None:
+                continue
+            if _is_stored(ctx, op.computation, instruction):
+                continue  # a weight (or input) moved as is: FSDP-style gather, not an activation
+            found.setdefault(axes, []).append(op)
+        for axes, ops in found.items():
+            yield self._finding(ctx, axes, ops, batch)
+
+    def _finding(self, ctx: RuleContext, axes, ops: list[Collective], batch: set[str]) -> Finding:
+        executions = ctx.executions
+        ops = sorted(ops, key=lambda c: -c.wire_bytes_per_device * executions.get(c.computation, 1))
+        top = ops[0]
+        device_map = ctx.device_map
+        per_host = device_map.devices_per_host or ctx.devices_per_host
+        physical = top.physical_groups or top.logical_groups
+        crossing = [g for g, lg in zip(physical, top.logical_groups) if device_map.spans_hosts(lg)]
+        hosts = sorted({h for lg in top.logical_groups for h in (device_map.hosts(lg) or ())})
+        total_wire = sum(c.wire_bytes_per_device * executions.get(c.computation, 1) for c in ops)
+        axis_text = "mesh axis " + "/".join(f"'{a}'" for a in axes) if axes else "a device group of no mesh axis"
+        groups_text = ", ".join("{" + ",".join(map(str, g)) + "}" for g in physical[:4])
+        if len(physical) > 4:
+            groups_text += ", ..."
+        per_host_text = f"{per_host} devices per host" if per_host else "hosts from the topology"
+        message = (
+            f"{top.kind} {top.instruction} over {axis_text} carries an activation between devices "
+            f"{groups_text} on different hosts ({per_host_text}): tensor-parallel traffic "
+            f"({_mib(top.wire_bytes_per_device)} sent per device) goes over the inter-host network"
+        )
+        if len(ops) > 1:
+            message += f", as do {len(ops) - 1} more collective{'s' if len(ops) > 2 else ''} over the same axes"
+        mesh = ctx.mesh
+        tp_axes = tuple(axes) if axes else ()
+        summary, jax_code, torch_code = _mesh_fix(mesh, tp_axes, per_host, ctx.num_partitions)
+        order = device_map.logical_to_physical
+        if mesh is not None and tp_axes and mesh.axis_names[-len(tp_axes):] == tp_axes and not device_map.is_identity:
+            # the axes are right; the device array is not in host order (e.g. a transposed reshape)
+            summary = (
+                f"{'/'.join(repr(a) for a in tp_axes)} is already the last mesh axis, but the mesh's devices are not in "
+                f"host order (device assignment {list(order[:8])}{'...' if len(order) > 8 else ''}): build the mesh "
+                "from the devices in order (no transpose), so each TP group is consecutive devices of one host."
+            )
+        return self.finding(
+            ctx,
+            message,
+            instruction=ctx.instruction(top.computation, top.instruction),
+            name=top.instruction,
+            related=tuple(c.instruction for c in ops[1:]),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            evidence={
+                "kind": top.kind,
+                "mesh_axes": list(axes) if axes else None,
+                "batch_axes": sorted(batch),
+                "physical_groups": [list(g) for g in physical],
+                "crossing_groups": len(crossing),
+                "hosts": hosts,
+                "devices_per_host": per_host,
+                "host_source": device_map.host_source,
+                "device_assignment": list(device_map.logical_to_physical),
+                "bytes_per_device": max(top.bytes_in_per_device, top.bytes_out_per_device),
+                "wire_bytes_per_device": top.wire_bytes_per_device,
+                "collectives": len(ops),
+                "inter_host_bytes_per_step": total_wire,
+            },
+        )
+
+
+def batch_axes(ctx: RuleContext) -> set[str]:
+    """Mesh axes the batch is split over: by name, and those sharding an integer input (the tokens)."""
+    mesh = ctx.mesh
+    if mesh is None:
+        return set()
+    found = {a for a in mesh.axis_names if a.lower() in BATCH_AXIS_NAMES}
+    module = ctx.sharded
+    if module is None or module.entry is None or mesh.is_inferred:
+        return found
+    from hlo_doctor.graph.mesh import dim_axes
+
+    for param in module.entry.parameters():
+        shape, sharding = param.shape, param.sharding
+        if sharding is None or shape.is_tuple or not shape.element_type.startswith(_INTEGER) or shape.rank == 0:
+            continue
+        axes = dim_axes(sharding, shape.rank, mesh)
+        if axes:
+            found.update(a.split(":(")[0] for a in axes[0])
+    return found
+
+
+def _is_stored(ctx: RuleContext, computation: str, instruction: Instruction) -> bool:
+    """Whether the collective's operand is an entry parameter (a weight) only moved, not computed.
+
+    Walks up through reshapes, converts, slices, gathers and tuple accesses.
+    Inside a loop body a carried value counts as stored when it derives from
+    exactly one entry parameter (a stacked weight), not from the input and
+    the weights together (an activation). An integer input is data, not stored.
+    """
+    graph = ctx.graph
+    module = ctx.per_device
+    assert graph is not None and module is not None
+    entry = module.entry.name if module.entry is not None else None
+    comp = module.computation(computation)
+    if comp is None:
+        return False
+    operands = instruction.operands[:1] if instruction.opcode.startswith("collective-permute") else instruction.operands
+    if not operands:
+        return False
+    for name in operands:
+        current = comp.get(name)
+        for _ in range(32):
+            if current is None:
+                return False
+            if current.opcode == "parameter":
+                if comp.name == entry:
+                    if current.shape.element_type.startswith(_INTEGER):
+                        return False
+                    break
+                return len(graph.entry_parameters((comp.name, current.name))) == 1
+            if current.opcode == "get-tuple-element" and comp.name != entry:
+                params = graph.entry_parameters((comp.name, current.name))
+                if len(params) != 1:
+                    return False
+                break
+            if current.opcode not in _STORAGE_OPS or not current.operands:
+                return False
+            current = comp.get(current.operands[0])
+        else:
+            return False
+    return True
+
+
+def _mesh_fix(mesh, tp_axes: Sequence[str], per_host: int | None, num_devices: int) -> tuple[str, str, str]:
+    """A mesh with the TP axes last, and its per-host (ICI) and across-host (DCN) shapes."""
+    if mesh is None or not tp_axes or any(a not in mesh.axis_names for a in tp_axes):
+        names = ("dp", "tp")
+        tp = 2
+        sizes = (max(1, num_devices // tp), tp)
+        tp_axes = ("tp",)
+    else:
+        others = [a for a in mesh.axis_names if a not in tp_axes]
+        names = tuple(others) + tuple(a for a in mesh.axis_names if a in tp_axes)
+        sizes = tuple(mesh.axis_size(a) for a in names)
+    tp_size = math.prod(s for n, s in zip(names, sizes) if n in tp_axes)
+    per_host = per_host or tp_size
+    hosts = max(1, num_devices // per_host) if num_devices >= per_host else 1
+    dcn: list[int] = []
+    left = hosts
+    for name, size in zip(names, sizes):
+        if name in tp_axes:
+            dcn.append(1)
+        else:
+            g = math.gcd(left, size)
+            dcn.append(g)
+            left //= g
+    ici = tuple(s // d for s, d in zip(sizes, dcn))
+    tp_text = "/".join(f"'{a}'" for a in tp_axes)
+    fits = tp_size <= per_host and per_host % tp_size == 0 and left == 1
+    names_text = "(" + ", ".join(repr(n) for n in names) + ("," if len(names) == 1 else "") + ")"
+    shape_text = _tuple(sizes)
+    if fits:
+        summary = (f"Make {tp_text} the last mesh axis, over consecutive devices of one host ({per_host} per host): "
+                   f"mesh shape {shape_text} with axes {names_text}, data parallelism across hosts.")
+    else:
+        summary = (f"{tp_text} has {tp_size} devices but a host has {per_host}: shrink tensor parallelism to fit "
+                   f"in a host (use the rest as data parallelism / FSDP) and make it the last mesh axis.")
+    jax_code = (
+        f"mesh = jax.make_mesh({shape_text}, {names_text})  # {tp_text} last: its groups stay inside a host\n"
+        f"# or: mesh = Mesh(mesh_utils.create_hybrid_device_mesh({_tuple(ici)}, {_tuple(tuple(dcn))}), {names_text})"
+    )
+    torch_code = (
+        f"mesh = xs.HybridMesh(ici_mesh_shape={_tuple(ici)}, dcn_mesh_shape={_tuple(tuple(dcn))}, "
+        f"axis_names={names_text})"
+    )
+    return summary, jax_code, torch_code
+
+
+def _tuple(values: Sequence[int]) -> str:
+    return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
+
+
+def _mib(nbytes: float) -> str:
+    if nbytes < 2**20:
+        return f"{nbytes / 2**10:.0f} KiB"
+    return f"{nbytes / 2**20:.2f} MiB"
