@@ -1,0 +1,552 @@
+"""Which values are activations, and where their batch dimension is.
+
+Shared by ``activation-all-gather`` and ``non-batch-dim-sharding``.
+
+**Batch inputs.** A candidate is an entry parameter of rank >= 1 whose
+sharding splits dim 0 (in a torch_xla training step, one that is not in the
+header's ``buffer_donor``: those are the weights). Each candidate's dim 0 is
+followed forward (below) to the dots and convolutions it reaches directly
+(not through another dot); a candidate is a *batch input* when its dim
+reaches one of them as a free (or batch) dim of the lhs / input operand
+while the other operand does not derive from it: data flows through the
+layer with its batch dim kept. A weight reaches its dots as the rhs (its
+dim 0 contracted, or free as the output features), so it is not one; and
+as the search stops at the first dots, a weight's output features (which
+become head dims, batch dims of the attention dots) never count.
+
+**Batch dims.** Every value gets the set of ``(parameter, dim)`` pairs: which
+candidate's dim 0 each of its dims carries. The pairs move through
+elementwise and other position-keeping ops (collectives, slices, pads,
+concatenates, selects, converts), ``transpose`` (by the permutation),
+``broadcast`` (by ``dimensions``), ``reshape``/``bitcast`` (a bitcast on
+the physical, major-to-minor dims; a dim kept, merged
+into one output dim, or split: then into its largest piece, which is how the
+partitioner's all-to-all reshards read), ``reduce`` (kept dims), dots
+and convolutions (free and batch dims map to the output, contracting dims
+end), ``gather`` (index dims to the output's batch dims), tuples, fusions,
+calls, while loops (to a fixpoint) and async pairs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hlo_doctor.graph.dataflow import PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey
+from hlo_doctor.graph.dots import dot_dims
+from hlo_doctor.graph.mesh import dim_axes
+from hlo_doctor.graph.sharding import tiles_per_dim
+from hlo_doctor.hlo.attributes import parse_int_list
+from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, Sharding, ShardingKind
+from hlo_doctor.rules.base import Finding, SourceRef
+from hlo_doctor.rules.context import RuleContext
+
+__all__ = [
+    "BatchAnalysis", "analyze_batch", "axes_text", "batch_axes", "buffer_donors", "parameter_name",
+    "torch_module_source", "with_torch_source",
+]
+
+_DONOR = re.compile(r"\(\s*(\d+)\s*,")
+
+# Ops whose value carries no dims of its operands.
+_SOURCES = frozenset({"constant", "iota", "partition-id", "replica-id", "rng", "rng-bit-generator",
+                      "rng-get-and-update-state", "after-all", "get-dimension-size"})
+_CALLERS = frozenset({"fusion", "while", "call", "conditional", "async-done"})
+_DONE = frozenset({"all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done", "send-done",
+                   "recv-done"})
+_START = frozenset({"all-gather-start", "all-reduce-start", "collective-permute-start", "copy-start"})
+_DOTS = frozenset({"dot", "convolution"})
+
+Pairs = frozenset  # of (parameter number, dim)
+_EMPTY: Pairs = frozenset()
+
+
+def _flatten(value) -> Pairs:
+    if isinstance(value, frozenset):
+        return value
+    out: set = set()
+    for element in value:
+        out |= _flatten(element)
+    return frozenset(out)
+
+
+def _join(a, b):
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return tuple(_join(x, y) for x, y in zip(a, b))
+    if a == _EMPTY:
+        return b
+    if b == _EMPTY:
+        return a
+    return _flatten(a) | _flatten(b)
+
+
+@dataclass
+class BatchAnalysis:
+    """The batch inputs of a module and the batch dims of every value."""
+
+    module: HloModule
+    graph: DataflowGraph
+    batch_inputs: frozenset[int]
+    weights: frozenset[int]  # buffer donors (torch_xla training steps), else empty
+    global_batch: dict[int, int]  # batch input -> its global dim-0 size
+    values: dict[NodeKey, object]
+    inputs: dict[int, Instruction]
+
+    def batch_dims(self, key: NodeKey) -> dict[int, int]:
+        """dim -> the batch input it carries, for an array value (empty: not an activation)."""
+        value = self.values.get(key, _EMPTY)
+        if not isinstance(value, frozenset):
+            return {}
+        return {dim: param for param, dim in sorted(value) if param in self.batch_inputs}
+
+    def derives_from_batch(self, key: NodeKey) -> bool:
+        return any(self.graph.derives_from_parameter(key, p) for p in self.batch_inputs)
+
+    def batch_replicated(self, key: NodeKey, dim: int, param: int) -> bool:
+        """Whether the value holds the whole global batch along ``dim`` (per-device shapes)."""
+        shape = self.graph.instruction(key).shape
+        return not shape.is_tuple and dim < shape.rank and shape.dims[dim] >= self.global_batch.get(param, 1 << 62)
+
+
+def buffer_donors(ctx: RuleContext) -> frozenset[int]:
+    """Parameter numbers in the header's ``buffer_donor`` (torch_xla: the weights of a training step)."""
+    if ctx.framework != "torch_xla":
+        return frozenset()
+    for candidate in (ctx.after_propagation, ctx.before_optimizations, ctx.per_device):
+        text = candidate.attribute("buffer_donor") if candidate is not None else None
+        if text:
+            return frozenset(int(x) for x in _DONOR.findall(text))
+    return frozenset()
+
+
+def _parameter_sharding(param: Instruction, fallback: HloModule | None) -> Sharding | None:
+    sharding = param.sharding
+    if sharding is None and fallback is not None and fallback.entry is not None:
+        for other in fallback.entry.parameters():
+            if other.parameter_number == param.parameter_number:
+                return other.sharding
+    return sharding
+
+
+def analyze_batch(ctx: RuleContext, module: HloModule, graph: DataflowGraph, *, per_device: bool) -> BatchAnalysis:
+    """Find the batch inputs of ``module`` and follow their batch dim (see the module docstring)."""
+    entry = module.entry
+    donors = buffer_donors(ctx)
+    candidates: dict[int, Instruction] = {}
+    global_batch: dict[int, int] = {}
+    if entry is not None:
+        for param in entry.parameters():
+            number = param.parameter_number
+            shape = param.shape
+            if number is None or shape.is_tuple or shape.rank == 0 or number in donors:
+                continue
+            sharding = _parameter_sharding(param, ctx.sharded if per_device else None)
+            if sharding is None or sharding.kind is not ShardingKind.TILED:
+                continue
+            try:
+                tiles = tiles_per_dim(sharding, shape.rank)
+            except ValueError:
+                continue
+            if tiles[0] > 1:
+                candidates[number] = param
+                global_batch[number] = shape.dims[0] * tiles[0] if per_device else shape.dims[0]
+    # First each candidate's dim 0 up to the dots it reaches directly: a weight meets them as the rhs
+    # (and its output features, which may be a later dot's head/batch dims, must not count); then the
+    # batch inputs' dim through everything.
+    seeds = {(entry.name, p.name): frozenset({(n, 0)}) for n, p in candidates.items()} if entry is not None else {}
+    batch = _batch_inputs(graph, _propagate(graph, seeds, through_dots=False), set(candidates))
+    values = _propagate(graph, {k: v for k, v in seeds.items() if next(iter(v))[0] in batch}, through_dots=True)
+    return BatchAnalysis(module, graph, frozenset(batch), donors,
+                         {p: global_batch[p] for p in batch}, values, {p: candidates[p] for p in batch})
+
+
+def _batch_inputs(graph: DataflowGraph, values: dict, candidates: set[int]) -> set[int]:
+    found: set[int] = set()
+    for key in graph.nx.nodes:
+        instruction = graph.instruction(key)
+        if instruction.opcode not in _DOTS or len(instruction.operands) < 2:
+            continue
+        lhs, rhs = (key[0], instruction.operands[0]), (key[0], instruction.operands[1])
+        if lhs not in graph or rhs not in graph:
+            continue
+        lhs_value = values.get(lhs, _EMPTY)
+        if not isinstance(lhs_value, frozenset) or not lhs_value:
+            continue
+        try:
+            roles = dot_dims(instruction, graph.instruction(lhs).shape.rank, graph.instruction(rhs).shape.rank)
+        except (ValueError, KeyError, IndexError):
+            continue
+        for param, dim in lhs_value:
+            if param in found or param not in candidates or dim >= len(roles.roles[0]):
+                continue
+            if roles.role(0, dim).role in ("free", "batch") and not graph.derives_from_parameter(rhs, param):
+                found.add(param)
+    return found
+
+
+# --------------------------------------------------------------------------
+# Propagation
+
+
+def _propagate(graph: DataflowGraph, seeds: dict[NodeKey, Pairs], *, through_dots: bool) -> dict[NodeKey, object]:
+    values: dict[NodeKey, object] = {}
+    if not seeds:
+        return values
+    nodes = graph.nx.nodes
+    pred = graph.nx.pred
+    succ = graph.nx.succ
+    # Only values downstream of a seed can carry pairs.
+    reach: set[NodeKey] = set(seeds)
+    for seed in seeds:
+        reach |= graph.downstream(seed)
+    order = [k for c in graph.module.computations for k in ((c.name, i.name) for i in c.instructions) if k in reach]
+    queue: deque[NodeKey] = deque(order)
+    queued = set(order)
+    entry = graph.module.entry.name if graph.module.entry is not None else None
+    while queue:
+        key = queue.popleft()
+        queued.discard(key)
+        if key in seeds:
+            new = seeds[key]
+        else:
+            instruction = nodes[key]["instruction"]
+            if not through_dots and instruction.opcode in _DOTS:
+                new = _EMPTY
+            else:
+                new = _transfer(graph, key, instruction, values, pred[key], entry)
+        if new != values.get(key, _EMPTY):
+            values[key] = new
+            for target in succ[key]:
+                if target in reach and target not in queued:
+                    queue.append(target)
+                    queued.add(target)
+    return values
+
+
+def _operand(values, computation: str, name: str):
+    return values.get((computation, name), _EMPTY)
+
+
+def _array(value) -> Pairs:
+    return value if isinstance(value, frozenset) else _flatten(value)
+
+
+def _keep(value: Pairs, rank: int) -> Pairs:
+    return frozenset(p for p in value if p[1] < rank)
+
+
+def _transfer(graph, key, instruction: Instruction, values, incoming, entry) -> object:
+    opcode = instruction.opcode
+    computation = key[0]
+    shape = instruction.shape
+    if opcode in _SOURCES:
+        return _EMPTY
+    if opcode == "parameter":
+        if computation == entry:
+            return _EMPTY
+        value = _EMPTY
+        for source, data in incoming.items():
+            if data.get("kind") in PARAM_KINDS:
+                value = _join(value, values.get(source, _EMPTY))
+        return value
+    if opcode in _CALLERS:
+        value = _EMPTY
+        for source, data in incoming.items():
+            if data.get("kind") in ROOT_KINDS:
+                value = _join(value, values.get(source, _EMPTY))
+        return value
+    operands = instruction.operands
+    if opcode == "tuple":
+        return tuple(_operand(values, computation, o) for o in operands)
+    if opcode == "get-tuple-element":
+        source = _operand(values, computation, operands[0]) if operands else _EMPTY
+        index = instruction.attribute("index")
+        if isinstance(source, tuple) and index and index.isdigit() and int(index) < len(source):
+            return source[int(index)]
+        return _keep(_array(source), shape.rank) if not shape.is_tuple else source
+    if opcode in _START or opcode in _DONE or opcode in ("async-start", "async-update"):
+        value = _EMPTY
+        for o in operands:
+            value |= _array(_operand(values, computation, o))
+        return value if not shape.is_tuple else tuple(value for _ in shape.tuple_shapes)
+    if shape.is_tuple:
+        # Variadic ops (reduce, sort, all-gather of several operands ...): element i from operand i.
+        elements = []
+        for i, leaf in enumerate(shape.tuple_shapes):
+            value = _array(_operand(values, computation, operands[i])) if i < len(operands) else _EMPTY
+            elements.append(_keep(value, leaf.rank) if not leaf.is_tuple else _EMPTY)
+        if opcode == "reduce":
+            return tuple(_reduce(instruction, e, graph, computation, operands) for e in elements)
+        return tuple(elements)
+    rank = shape.rank
+    if opcode in _DOTS:
+        return _dot(graph, key, instruction, values)
+    if opcode == "transpose":
+        perm = instruction.dimensions or ()
+        source = _array(_operand(values, computation, operands[0]))
+        return frozenset((p, perm.index(d)) for p, d in source if d in perm)
+    if opcode == "broadcast":
+        dims = instruction.dimensions or ()
+        source = _array(_operand(values, computation, operands[0]))
+        return frozenset((p, dims[d]) for p, d in source if d < len(dims))
+    if opcode in ("reshape", "bitcast", "dynamic-reshape"):
+        operand = graph.instruction((computation, operands[0])) if (computation, operands[0]) in graph else None
+        if operand is None or operand.shape.is_tuple:
+            return _EMPTY
+        source = _array(_operand(values, computation, operands[0]))
+        if opcode == "bitcast":
+            return _bitcast(source, operand.shape, shape)
+        return _reshape(source, operand.shape.dims, shape.dims)
+    if opcode == "reduce":
+        return _reduce(instruction, _array(_operand(values, computation, operands[0])), graph, computation, operands)
+    if opcode == "gather":
+        return _gather(instruction, graph, computation, values)
+    if opcode in ("scatter", "dynamic-update-slice"):
+        return _keep(_array(_operand(values, computation, operands[0])), rank)
+    # Position-keeping ops: elementwise, converts, copies, collectives, slices, pads, concatenates ...
+    value: set = set()
+    for o in operands:
+        okey = (computation, o)
+        if okey in graph and graph.instruction(okey).shape.rank == rank and not graph.instruction(okey).shape.is_tuple:
+            value |= _array(values.get(okey, _EMPTY))
+    return frozenset(value)
+
+
+def _dot(graph, key, instruction: Instruction, values) -> Pairs:
+    computation = key[0]
+    operands = instruction.operands
+    if len(operands) < 2:
+        return _EMPTY
+    lhs, rhs = graph.instruction((computation, operands[0])), graph.instruction((computation, operands[1]))
+    try:
+        roles = dot_dims(instruction, lhs.shape.rank, rhs.shape.rank)
+    except (ValueError, IndexError, KeyError):
+        return _EMPTY
+    out: set = set()
+    for side, name in enumerate(operands[:2]):
+        for p, d in _array(values.get((computation, name), _EMPTY)):
+            if d < len(roles.roles[side]):
+                role = roles.role(side, d)
+                if role.role in ("free", "batch") and role.output_dim is not None:
+                    out.add((p, role.output_dim))
+    return frozenset(out)
+
+
+def _reshape(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]) -> Pairs:
+    out: set = set()
+    for before_dims, after_dims in _reshape_groups(before, after):
+        if len(before_dims) > 1 and len(after_dims) > 1:
+            continue  # dims regrouped: no dim survives
+        if len(after_dims) == 1:
+            target = after_dims[0]  # kept, or merged into one dim that now holds the batch
+        else:
+            target = max(after_dims, key=lambda e: (after[e], -e))  # split: the largest piece
+        out.update((p, target) for p, d in source if d in before_dims)
+    return frozenset(out)
+
+
+def _bitcast(source: Pairs, before: Shape, after: Shape) -> Pairs:
+    """A bitcast reshapes the physical (major-to-minor) dims: it may also transpose the logical ones."""
+    major_before, major_after = _major_to_minor(before), _major_to_minor(after)
+    if major_before is None or major_after is None:
+        return _reshape(source, before.dims, after.dims)
+    physical = frozenset((p, major_before.index(d)) for p, d in source if d in major_before)
+    moved = _reshape(physical, tuple(before.dims[d] for d in major_before), tuple(after.dims[d] for d in major_after))
+    return frozenset((p, major_after[e]) for p, e in moved)
+
+
+def _major_to_minor(shape: Shape) -> tuple[int, ...] | None:
+    layout = shape.layout
+    if layout is None or len(layout.minor_to_major) != shape.rank:
+        return None
+    return tuple(reversed(layout.minor_to_major))
+
+
+def _reshape_groups(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The smallest runs of input and output dims with equal element counts."""
+    groups = []
+    i = j = 0
+    while i < len(before) and j < len(after):
+        gi, gj = [i], [j]
+        pa, pb = before[i], after[j]
+        i += 1
+        j += 1
+        while pa != pb:
+            if pa < pb:
+                if i >= len(before):
+                    return groups
+                pa *= before[i]
+                gi.append(i)
+                i += 1
+            else:
+                if j >= len(after):
+                    return groups
+                pb *= after[j]
+                gj.append(j)
+                j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def _reduce(instruction: Instruction, source: Pairs, graph, computation, operands) -> Pairs:
+    reduced = set(instruction.dimensions or ())
+    okey = (computation, operands[0]) if operands else None
+    rank = graph.instruction(okey).shape.rank if okey in graph and not graph.instruction(okey).shape.is_tuple else 0
+    kept = [d for d in range(rank) if d not in reduced]
+    return frozenset((p, kept.index(d)) for p, d in source if d in kept)
+
+
+def _gather(instruction: Instruction, graph, computation, values) -> Pairs:
+    operands = instruction.operands
+    if len(operands) < 2 or (computation, operands[1]) not in graph:
+        return _EMPTY
+    indices = graph.instruction((computation, operands[1])).shape
+    offset_text = instruction.attribute("offset_dims")
+    offset = set(parse_int_list(offset_text)) if offset_text else set()
+    vector_text = instruction.attribute("index_vector_dim")
+    vector = int(vector_text) if vector_text and vector_text.lstrip("-").isdigit() else indices.rank
+    batch_out = [d for d in range(instruction.shape.rank) if d not in offset]
+    batch_in = [d for d in range(indices.rank) if d != vector]
+    out = set()
+    for p, d in _array(values.get((computation, operands[1]), _EMPTY)):
+        if d in batch_in and batch_in.index(d) < len(batch_out):
+            out.add((p, batch_out[batch_in.index(d)]))
+    return frozenset(out)
+
+
+# --------------------------------------------------------------------------
+# Mesh axes and source lines for suggestions and findings
+
+
+def batch_axes(ctx: RuleContext, analysis: BatchAnalysis, param: int) -> tuple[str, ...] | None:
+    """The mesh axes the batch input is split over on dim 0, as the user wrote them where known.
+
+    From the runner's record of the user's ``mark_sharding`` of a tensor with
+    this shape (torch_xla), else read from the tile assignment over the mesh;
+    mesh axes of size 1 that no dim uses are named too, as a mesh like
+    ``('fsdp', 'replica')`` with ``replica=1`` is written ``P(('fsdp', 'replica'), None)``.
+    """
+    instruction = analysis.inputs.get(param)
+    if instruction is None:
+        return None
+    rank = instruction.shape.rank
+    global_dims = (analysis.global_batch[param], *instruction.shape.dims[1:])
+    recorded = _recorded_axes(ctx, global_dims)
+    if recorded:
+        return recorded
+    mesh = ctx.mesh
+    sharding = _parameter_sharding(instruction, ctx.sharded)
+    if mesh is None or sharding is None:
+        return None
+    per_dim = dim_axes(sharding, rank, mesh)
+    if not per_dim or not per_dim[0]:
+        return None
+    axes = tuple(per_dim[0])
+    used = {a for dims in per_dim for a in dims}
+    unused = [a for a in mesh.axis_names if a not in used]
+    if unused and all(mesh.axis_size(a) == 1 for a in unused) and set(axes) <= set(mesh.axis_names):
+        axes = tuple(a for a in mesh.axis_names if a in axes or a in unused)
+    return axes
+
+
+def _recorded_axes(ctx: RuleContext, dims: tuple[int, ...]) -> tuple[str, ...] | None:
+    record = ctx.dump.run_record or {}
+    calls = record.get("sharding_calls") if isinstance(record, dict) else None
+    for call in calls or ():
+        if not isinstance(call, dict) or tuple(call.get("shape") or ()) != tuple(dims):
+            continue
+        try:
+            spec = ast.literal_eval(str(call.get("spec")))
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(spec, (tuple, list)) and spec and spec[0] is not None:
+            first = spec[0]
+            axes = (first,) if isinstance(first, str) else tuple(first)
+            if all(isinstance(a, str) for a in axes):
+                return axes
+    return None
+
+
+def parameter_name(ctx: RuleContext, param: Instruction) -> str:
+    """How the user knows an entry parameter: JAX's argument name (``x``), else its name after propagation."""
+    number = param.parameter_number
+    module = ctx.sharded
+    if number is not None and module is not None and module.entry is not None:
+        param = next((p for p in module.entry.parameters() if p.parameter_number == number), param)
+    metadata = param.metadata
+    if (metadata is not None and metadata.op_name and metadata.op_type is None and "/" not in metadata.op_name
+            and ctx.framework != "torch_xla"):
+        return metadata.op_name
+    return param.name
+
+
+def axes_text(axes: Iterable[str] | None) -> str:
+    axes = tuple(axes or ())
+    if not axes:
+        return "?"
+    return repr(axes[0]) if len(axes) == 1 else "(" + ", ".join(repr(a) for a in axes) + ")"
+
+
+# torch module class -> the aten ops one call of it lowers its matmul/convolution to
+_TORCH_OPS = {
+    "Linear": ("aten__addmm", "aten__mm", "aten__matmul", "aten__linear"),
+    "Conv1d": ("aten__convolution", "aten__convolution_overrideable"),
+    "Conv2d": ("aten__convolution", "aten__convolution_overrideable"),
+    "Conv3d": ("aten__convolution", "aten__convolution_overrideable"),
+}
+
+
+def torch_module_source(ctx: RuleContext, module: HloModule, dot: Instruction) -> tuple[SourceRef, str] | None:
+    """The user's line of the nn.Module call that a torch_xla dot/convolution came from.
+
+    torch_xla's metadata names only library frames (``torch/nn/modules/linear.py``).
+    The runner records each ``nn.Module`` call with the user's stack. When the
+    module's dots of one aten op (e.g. ``aten__addmm``), in program order, are
+    exactly as many as the recorded calls of the matching class
+    (``Linear``), the k-th dot is the k-th call. None otherwise.
+    """
+    if ctx.framework != "torch_xla":
+        return None
+    metadata = dot.metadata
+    op_type = metadata.op_type if metadata is not None else None
+    if not op_type:
+        return None
+    record = ctx.dump.run_record or {}
+    calls = record.get("module_calls") if isinstance(record, dict) else None
+    for cls, ops in _TORCH_OPS.items():
+        if op_type not in ops:
+            continue
+        mine = []
+        for call in calls or ():
+            if isinstance(call, dict) and str(call.get("module_class", "")).rsplit(".", 1)[-1] == cls:
+                mine.extend([call] * int(call.get("count") or 1))
+        dots = [i for _, i in module.instructions()
+                if i.opcode in _DOTS and i.metadata is not None and i.metadata.op_type in ops]
+        if not mine or len(dots) != len(mine) or dot not in dots:
+            return None
+        call = mine[dots.index(dot)]
+        stack = call.get("stack") or []
+        frame = stack[0] if stack else call
+        if not frame.get("file") or not frame.get("line"):
+            return None
+        return SourceRef(str(frame["file"]), int(frame["line"]), frame.get("function")), cls
+    return None
+
+
+def with_torch_source(ctx: RuleContext, finding: Finding, module: HloModule, dot: Instruction | None) -> Finding:
+    """``finding`` with the user's line of the nn.Module call of ``dot`` when the dump has only library frames."""
+    if finding.source is not None or dot is None:
+        return finding
+    found = torch_module_source(ctx, module, dot)
+    if found is None:
+        return finding
+    source, cls = found
+    message = finding.message.replace(
+        " (the dump records only library frames for this op, no line of your code)", "")
+    message += f" (line of the {cls} call, from the runner's record of nn.Module calls)"
+    return dataclasses.replace(finding, source=source, message=message)
+

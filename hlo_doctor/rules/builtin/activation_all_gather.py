@@ -1,0 +1,297 @@
+"""activation-all-gather: an all-gather of activations where FSDP expects only weight all-gathers."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hlo_doctor.graph.collectives import Collective, Form
+from hlo_doctor.graph.dataflow import NodeKey
+from hlo_doctor.graph.sharding import tiles_per_dim
+from hlo_doctor.hlo.ir import Instruction, ShardingKind
+from hlo_doctor.rules._batch import (
+    BatchAnalysis,
+    analyze_batch,
+    axes_text,
+    batch_axes,
+    parameter_name,
+    with_torch_source,
+)
+from hlo_doctor.rules._suggest import constraint_code
+from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
+from hlo_doctor.rules.context import RuleContext
+
+_DOTS = ("dot", "convolution")
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationAllGatherOptions:
+    min_bytes: int = 0
+    """Only all-gathers whose result is at least this many bytes per device are flagged."""
+
+
+class ActivationAllGather(Rule):
+    """An all-gather of an activation (data derived from the batch input) that feeds a layer's matmul.
+
+    **What it finds**
+
+    In the partitioned (per-device) program, an all-gather in any form
+    (``all-gather``, ``all-gather-start``/``-done``, an async-wrapped
+    all-gather) whose operand is an *activation*, a value derived from the
+    batch-sharded program input that still carries its batch dimension, and
+    whose result feeds a dot or convolution whose other operand is a weight
+    (derived from parameters only, not from the batch input). Two shapes of
+    the pattern are reported:
+
+    * **batch**: the all-gather gathers the activation along its batch
+      dimension: every device receives the whole batch;
+    * **feature**: the activation's batch is already whole on every device
+      and the all-gather re-gathers it along a feature dimension.
+
+    The batch input is the entry parameter whose sharding splits dim 0 and
+    whose dim 0 reaches a dot as a free dim of the lhs; its batch dim is
+    followed through dots, elementwise ops, broadcasts, reshapes and
+    transposes (in a torch_xla training step the ``buffer_donor`` weights are
+    never batch inputs). Weight all-gathers (FSDP's normal traffic) and
+    tensor-parallel collectives are never reported.
+
+    The severity is *warning*: the program computes the right result, but
+    each device does the work of the whole batch for that layer and moves
+    activations, which grow with the batch, instead of weights, which do not.
+
+    **Why it hurts**
+
+    Data parallelism is lost for the layer: every device runs the matmul on
+    the whole batch (the per-device FLOPs of that layer grow by the number of
+    devices in the group) and the all-gather's bytes scale with the batch
+    size. Gathering the (sharded) weight instead, as FSDP intends, keeps each
+    device on its own batch shard. The usual cause is that sharding
+    propagation let the weight's sharding decide the layout of a layer's
+    output (pytorch/xla#6778).
+
+    **Example**
+
+    ```
+    %param = f32[40,1280] parameter(0), sharding={devices=[4,1]<=[4]}, metadata={op_name="x"}
+    %all-gather = f32[160,1280] all-gather(%param), dimensions={0}
+    %dot = f32[160,240] dot(%all-gather, %transpose.4), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+    %all-gather.1 = f32[160,960] all-gather(%add.19), dimensions={1}
+    ```
+
+    **Fix**
+
+    Constrain the layer's output (the hidden activation) to stay
+    batch-sharded, with the axes the input batch is sharded over; the
+    partitioner then all-gathers the weight instead.
+
+    ```python
+    # JAX
+    h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))
+    # torch_xla
+    xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))
+    ```
+
+    **Options**
+
+    * ``min_bytes`` (int, default 0): only flag all-gathers whose result is
+      at least this many bytes per device.
+    """
+
+    id = "activation-all-gather"
+    severity = Severity.WARNING
+    summary = "An all-gather gathers an activation (batch-derived data) instead of a weight."
+    Options = ActivationAllGatherOptions
+
+    def check(self, ctx: RuleContext) -> Iterator[Finding]:
+        module = ctx.per_device
+        graph = ctx.graph
+        if module is None or graph is None:
+            raise RuleSkipped("no per-device snapshot (after partitioning or after optimizations)")
+        if ctx.num_partitions <= 1:
+            return
+        gathers = [c for c in ctx.collectives if c.kind == "all-gather" and c.dimension is not None]
+        if not gathers:
+            return
+        analysis = analyze_batch(ctx, module, graph, per_device=True)
+        if not analysis.batch_inputs:
+            return
+        for collective in gathers:
+            if collective.bytes_out_per_device < self.options.min_bytes:
+                continue
+            finding = self._check_gather(ctx, analysis, collective)
+            if finding is not None:
+                yield finding
+
+    def _check_gather(self, ctx: RuleContext, analysis: BatchAnalysis, collective: Collective) -> Finding | None:
+        graph = analysis.graph
+        start = graph.instruction((collective.computation, collective.instruction))
+        if not start.operands:
+            return None
+        operand_key = (collective.computation, start.operands[0])
+        if operand_key not in graph:
+            return None
+        batch = analysis.batch_dims(operand_key)
+        if not batch:
+            return None  # not an activation: a weight, or data not derived from the batch input
+        gathered = collective.dimension
+        if gathered in batch:
+            kind, batch_dim = "batch", gathered
+        else:
+            batch_dim = next((d for d, p in batch.items() if analysis.batch_replicated(operand_key, d, p)), None)
+            if batch_dim is None:
+                return None  # the batch stays sharded: e.g. a tensor-parallel gather, batch parallelism kept
+            kind = "feature"
+        param = batch[batch_dim]
+        result_key = (collective.computation, collective.done) if collective.done else (
+            collective.computation, collective.instruction)
+        found = _consuming_dot(analysis, result_key)
+        if found is None:
+            return None
+        dot_key, weight_key = found
+        dot = graph.instruction(dot_key)
+        weight_params = sorted(graph.entry_parameters(weight_key) - analysis.batch_inputs)
+        if not weight_params:
+            return None
+        return self._finding(ctx, analysis, collective, start, operand_key, kind, batch_dim, param,
+                             dot_key, dot, weight_key, weight_params)
+
+    def _finding(self, ctx, analysis: BatchAnalysis, collective: Collective, start: Instruction,
+                 operand_key: NodeKey, kind: str, batch_dim: int, param: int, dot_key: NodeKey,
+                 dot: Instruction, weight_key: NodeKey, weight_params: list[int]) -> Finding:
+        graph = analysis.graph
+        operand = graph.instruction(operand_key)
+        operand_name = parameter_name(ctx, operand) if operand.opcode == "parameter" else operand.name
+        result = graph.instruction((collective.computation, collective.done)) if collective.done else start
+        out_shape = result.shape if not result.shape.is_tuple else result.shape.tuple_shapes[-1]
+        batch_input = analysis.inputs[param]
+        input_name = parameter_name(ctx, batch_input)
+        weights = _weight_summary(ctx, analysis, weight_params)
+        axes = batch_axes(ctx, analysis, param)
+        group_axes = "/".join(collective.mesh_axes) if collective.mesh_axes else f"{collective.group_size} devices"
+        executions = ctx.executions.get(collective.computation, 1)
+        if kind == "batch":
+            what = (f"gathers the activation {operand_name} ({operand.shape}, derived from the batch input "
+                    f"{input_name}) along its batch dimension {batch_dim}")
+            # constrain the layer's output: the consuming dot's result, where the batch dim went
+            target_dims = analysis.batch_dims(dot_key)
+            target_key = dot_key
+            target_batch = next((d for d, p in target_dims.items() if p == param), 0)
+            if graph.instruction(dot_key).shape.rank != operand.shape.rank:
+                # an optimized dot (split-K, batch dims added): write the spec in the input's layout
+                target_key, target_batch = operand_key, batch_dim
+        else:
+            what = (f"re-gathers the hidden activation {operand_name} ({operand.shape}) on feature dimension "
+                    f"{collective.dimension}; its batch dimension {batch_dim} (from the batch input {input_name}) "
+                    "is already whole on every device")
+            target_key, target_batch = operand_key, batch_dim
+        target = graph.instruction(target_key)
+        rank = target.shape.rank if not target.shape.is_tuple else 2
+        spec: list = [None] * rank
+        spec[min(target_batch, rank - 1)] = axes or (f"<axes of {input_name}'s batch>",)
+        jax_code, torch_code = constraint_code(spec, "h")
+        if weights["sharded"]:
+            alternative = (f"gathering the weight {weights['names']} ({_mib(weights['bytes'])} in all) instead "
+                           "would keep batch parallelism")
+        else:
+            alternative = (f"the weight {weights['names']} is not sharded, so a batch-sharded {dot.name} "
+                           "would need no communication at all")
+        message = (
+            f"all-gather {collective.instruction} {what}: each device receives {out_shape} "
+            f"({_mib(collective.bytes_out_per_device)}, {_mib(collective.wire_bytes_per_device)} over the wire) "
+            f"over {group_axes}, and {dot.name} then multiplies the whole batch; {alternative}"
+        )
+        if kind == "batch":
+            what_h = f"h, the output of {dot.name} (the layer that reads the gathered {operand_name})"
+        else:
+            what_h = f"h ({operand_name}, the hidden activation {dot.name} reads)"
+        summary = (
+            f"Keep the activation batch-sharded over {axes_text(axes)}: constrain {what_h} to the batch "
+            "input's sharding, so the partitioner all-gathers the weight instead."
+        )
+        source_from = start if ctx.user_source(start)[0] is not None else dot
+        finding = self.finding(
+            ctx,
+            message,
+            instruction=start,
+            related=tuple(n for n in (collective.done, operand.name, dot.name, graph.instruction(weight_key).name)
+                          if n),
+            source_from=source_from,
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            evidence={
+                "gather": kind,
+                "form": collective.form.value,
+                "dimension": collective.dimension,
+                "batch_dim": batch_dim,
+                "operand": operand.name,
+                "operand_shape": str(operand.shape),
+                "result_shape": str(out_shape),
+                "bytes_in_per_device": collective.bytes_in_per_device,
+                "bytes_out_per_device": collective.bytes_out_per_device,
+                "wire_bytes_per_device": collective.wire_bytes_per_device,
+                "group_size": collective.group_size,
+                "mesh_axes": list(collective.mesh_axes or ()),
+                "executions_per_step": executions,
+                "batch_input": input_name,
+                "global_batch": analysis.global_batch[param],
+                "batch_axes": list(axes or ()),
+                "consuming_dot": dot.name,
+                "weight": graph.instruction(weight_key).name,
+                "weight_parameters": weights["names"],
+                "weight_bytes": weights["bytes"],
+                "weight_sharded": weights["sharded"],
+                "async": collective.form is not Form.SYNC,
+            },
+        )
+        return with_torch_source(ctx, finding, analysis.module, dot)
+
+
+def _consuming_dot(analysis: BatchAnalysis, start: NodeKey, limit: int = 64) -> tuple[NodeKey, NodeKey] | None:
+    """The first dot/convolution the gathered value flows into, and its other (weight) operand."""
+    graph = analysis.graph
+    seen = {start}
+    queue: deque[NodeKey] = deque([start])
+    while queue and len(seen) < limit:
+        key = queue.popleft()
+        for target, _ in graph.consumers(key):
+            if target in seen:
+                continue
+            seen.add(target)
+            instruction = graph.instruction(target)
+            if instruction.opcode in _DOTS and len(instruction.operands) >= 2:
+                sides = [(target[0], o) for o in instruction.operands[:2]]
+                mine = [s for s in sides if s in seen]
+                others = [s for s in sides if s not in seen]
+                if mine and others and not analysis.derives_from_batch(others[0]):
+                    return target, others[0]
+                continue  # activation x activation (attention) or a gradient: not this pattern
+            queue.append(target)
+    return None
+
+
+def _weight_summary(ctx: RuleContext, analysis: BatchAnalysis, params: list[int]) -> dict:
+    """Names, global bytes and whether any is sharded, of the weight parameters."""
+    sharded_module = ctx.sharded
+    by_number = {}
+    for module in (sharded_module, analysis.module):
+        if module is not None and module.entry is not None:
+            for p in module.entry.parameters():
+                by_number.setdefault(p.parameter_number, p)
+    names, total, sharded = [], 0, False
+    for number in params:
+        param = by_number.get(number)
+        if param is None or param.shape.is_tuple or param.shape.rank == 0:
+            continue
+        names.append(parameter_name(ctx, param))
+        total += param.shape.byte_size
+        sharding = param.sharding
+        if sharding is not None and sharding.kind is ShardingKind.TILED:
+            try:
+                sharded = sharded or any(t > 1 for t in tiles_per_dim(sharding, param.shape.rank))
+            except ValueError:
+                pass
+    return {"names": ", ".join(names) or "?", "bytes": total, "sharded": sharded}
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"

@@ -1,0 +1,201 @@
+"""non-batch-dim-sharding: a dot's activation output left batch-replicated and sharded on another dim."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hlo_doctor.graph.dataflow import build_graph
+from hlo_doctor.graph.linking import link_modules
+from hlo_doctor.graph.mesh import dim_axes
+from hlo_doctor.graph.sharding import tiles_per_dim
+from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
+from hlo_doctor.rules._batch import (
+    BatchAnalysis,
+    analyze_batch,
+    axes_text,
+    batch_axes,
+    parameter_name,
+    with_torch_source,
+)
+from hlo_doctor.rules._suggest import constraint_code
+from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
+from hlo_doctor.rules.context import RuleContext
+
+_DOTS = ("dot", "convolution")
+
+
+@dataclass(frozen=True, slots=True)
+class NonBatchDimShardingOptions:
+    min_bytes: int = 0
+    """Only dot outputs of at least this many bytes (the whole value) are judged."""
+
+
+class NonBatchDimSharding(Rule):
+    """A dot's activation output has its batch dim replicated and another dim sharded, though its input was batch-sharded.
+
+    **What it finds**
+
+    After sharding propagation: a dot or convolution whose output is an
+    activation (it carries the batch dimension of the batch-sharded program
+    input) and whose sharding leaves that batch dimension unsplit while it
+    splits a non-batch dimension (features, heads, sequence), *although the
+    activation operand it reads is split along the batch*. Only the dot
+    where the batch sharding is lost is reported, not every later dot that
+    inherits the layout. The batch input and its batch dimension are found
+    as in ``activation-all-gather``: the entry parameter with a sharded
+    dim 0 that feeds a dot as the lhs with that dim free, followed through
+    dots, elementwise ops, broadcasts, reshapes and transposes.
+
+    **Why it hurts**
+
+    The partitioner must turn the batch-sharded input into a
+    feature-sharded output: it all-gathers the input along the batch (or
+    reshards it with an all-to-all), every device computes its slice of
+    features for the whole batch, and the next layer, which contracts the
+    sharded features, needs another all-gather or a reduction. FSDP and data
+    parallelism expect activations to stay batch-sharded from layer to layer.
+
+    **Example**
+
+    ```
+    %x.0 = f32[160,1280] parameter(0), sharding={devices=[4,1]<=[4]}, metadata={op_name="x"}
+    %dot_general.0 = f32[160,960] dot(%x.0, %transpose.0), lhs_contracting_dims={1},
+        rhs_contracting_dims={0}, sharding={devices=[1,4]<=[4]}
+    ```
+
+    **Fix**
+
+    Constrain the dot's output to the batch sharding of the input (with the
+    mesh's real axis names).
+
+    ```python
+    # JAX
+    h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))
+    # torch_xla
+    xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))
+    ```
+
+    **Options**
+
+    * ``min_bytes`` (int, default 0): only judge dot outputs of at least
+      this many bytes.
+    """
+
+    id = "non-batch-dim-sharding"
+    severity = Severity.WARNING
+    summary = "A dot's activation output is batch-replicated and sharded on a non-batch dim."
+    Options = NonBatchDimShardingOptions
+
+    def check(self, ctx: RuleContext) -> Iterator[Finding]:
+        module = ctx.after_propagation
+        if module is None or module.entry is None:
+            raise RuleSkipped("no after-propagation snapshot (the propagated shardings are needed)")
+        if ctx.num_partitions <= 1:
+            return
+        graph = build_graph(module)
+        analysis = analyze_batch(ctx, module, graph, per_device=False)
+        if not analysis.batch_inputs:
+            return
+        link = None
+        for computation in module.computations:
+            for instruction in computation.instructions:
+                if instruction.opcode not in _DOTS or instruction.shape.is_tuple:
+                    continue
+                if instruction.shape.byte_size < self.options.min_bytes:
+                    continue
+                found = self._judge(analysis, computation.name, instruction)
+                if found is None:
+                    continue
+                if link is None and ctx.partitioned is not None:
+                    link = link_modules(module, ctx.partitioned)
+                yield self._finding(ctx, analysis, computation.name, instruction, link, *found)
+
+    def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
+        key = (computation, dot.name)
+        out_tiles = _tiles(dot.sharding, dot.shape.rank)
+        if out_tiles is None:
+            return None
+        for dim, param in analysis.batch_dims(key).items():
+            if out_tiles[dim] != 1:
+                continue
+            sharded = [d for d, t in enumerate(out_tiles) if t > 1 and d != dim]
+            if not sharded:
+                continue
+            # the operand that carries this batch dim in, batch-sharded
+            for operand_name in dot.operands[:2]:
+                okey = (computation, operand_name)
+                operand = analysis.graph.instruction(okey)
+                in_dims = [d for d, p in analysis.batch_dims(okey).items() if p == param]
+                in_tiles = _tiles(operand.sharding, operand.shape.rank) if not operand.shape.is_tuple else None
+                if in_tiles is None:
+                    continue
+                for in_dim in in_dims:
+                    if in_tiles[in_dim] > 1:
+                        return dim, param, sharded, operand, in_dim, in_tiles[in_dim]
+        return None
+
+    def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction, link,
+                 batch_dim: int, param: int, sharded: list[int], operand: Instruction, in_dim: int,
+                 in_shards: int) -> Finding:
+        mesh = ctx.mesh
+        per_dim = dim_axes(dot.sharding, dot.shape.rank, mesh) if mesh is not None else None
+        tiles = _tiles(dot.sharding, dot.shape.rank) or ()
+        where = ", ".join(
+            f"dim {d} ({dot.shape.dims[d]}) over {axes_text(per_dim[d]) if per_dim else f'{tiles[d]} shards'}"
+            for d in sharded
+        )
+        axes = batch_axes(ctx, analysis, param)
+        input_name = parameter_name(ctx, analysis.inputs[param])
+        spec: list = [None] * dot.shape.rank
+        spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
+        jax_code, torch_code = constraint_code(spec, "h")
+        name = dot.name
+        if link is not None:
+            matched = link.matched((computation, dot.name))
+            if matched is not None:
+                name = matched[1]
+        message = (
+            f"{dot.opcode} {dot.name} ({dot.shape}) leaves its batch dimension {batch_dim} replicated and "
+            f"shards {where}, although its input {operand.name} is batch-sharded {in_shards} ways "
+            f"(dim {in_dim}, from the batch input {input_name}): the partitioner must gather or reshard the "
+            "batch into this layer and every device computes the whole batch"
+        )
+        summary = (
+            f"Constrain the output of {dot.name} (the activation h) to stay batch-sharded over "
+            f"{axes_text(axes)} on dim {batch_dim}, as its input is."
+        )
+        finding = self.finding(
+            ctx,
+            message,
+            instruction=dot,
+            name=name,
+            related=(dot.name, operand.name),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            evidence={
+                "dot": dot.name,
+                "shape": str(dot.shape),
+                "sharding": dot.sharding.text if dot.sharding is not None else "",
+                "batch_dim": batch_dim,
+                "sharded_dims": sharded,
+                "sharded_axes": [list(per_dim[d]) for d in sharded] if per_dim else [],
+                "input": operand.name,
+                "input_batch_dim": in_dim,
+                "input_batch_shards": in_shards,
+                "batch_input": input_name,
+                "batch_axes": list(axes or ()),
+                "bytes": dot.shape.byte_size,
+            },
+        )
+        return with_torch_source(ctx, finding, analysis.module, dot)
+
+
+def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
+    if sharding is None or sharding.kind is ShardingKind.TUPLE:
+        return None
+    if sharding.kind not in (ShardingKind.TILED, ShardingKind.REPLICATED):
+        return None
+    try:
+        return tiles_per_dim(sharding, rank)
+    except ValueError:
+        return None
