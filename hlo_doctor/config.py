@@ -188,6 +188,8 @@ def _check_type(where: str, value: Any, field_: dataclasses.Field, origin: str) 
         "bool": lambda v: isinstance(v, bool),
         "str": lambda v: isinstance(v, str),
     }
+    for sequence in ("tuple[str,...]", "list[str]"):
+        checks[sequence] = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)
     check = checks.get(expected.replace(" ", "").split("|")[0])
     if check is not None and not check(value):
         raise InputError(f"{origin}: {where} must be {expected}, not {value!r}")

@@ -14,3 +14,22 @@ def shared_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"{path} is absent")
     return path
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-snapshots",
+        action="store_true",
+        default=False,
+        help="rewrite tests/snapshots/* from the current output instead of comparing",
+    )
+
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "hlo_doctor" / "examples" / "programs"
+
+
+def program_line(program: str, snippet: str) -> int:
+    """The 1-based line of the gallery ``program`` that contains ``snippet`` (exactly once)."""
+    lines = [n for n, text in enumerate((PROGRAMS / program).read_text().splitlines(), 1) if snippet in text]
+    assert len(lines) == 1, f"{snippet!r} is on lines {lines} of {program}"
+    return lines[0]

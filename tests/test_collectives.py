@@ -22,6 +22,7 @@ from hlo_doctor.graph.collectives import (
 from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.hlo import parse_module
+from tests.conftest import program_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -55,7 +56,7 @@ def test_cross_host_tp_all_reduce_crosses_hosts() -> None:
     assert found.wire_bytes_per_device == 32768
     assert found.dimension is None
     assert found.source is not None and found.source.file.endswith("cross_host_tp.py")
-    assert found.source.line == 44
+    assert found.source.line == program_line("cross_host_tp.py", "return jax.nn.relu(x @ w1) @ w2")
 
 
 def test_cross_host_tp_fixed_stays_in_host() -> None:

@@ -20,12 +20,8 @@ SEED_FIXED = FIXTURES / "fsdp-activation-gather" / "jax-shardy-fixed"
 SARIF_SCHEMA = ROOT.parent / "shared" / "schemas" / "sarif-2.1.0.json"
 
 
-def run(*args: str, cwd: Path | None = None):
-    runner = CliRunner()
-    if cwd is None:
-        return runner.invoke(main, list(args))
-    with runner.isolated_filesystem(temp_dir=cwd):
-        return runner.invoke(main, list(args))
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
 
 
 def test_check_fails_on_the_bad_dump_and_passes_on_its_fixed_twin() -> None:
@@ -118,6 +114,17 @@ def test_diff_of_the_seed_shows_the_all_gathers_and_exits_on_growth() -> None:
     # fixed: the weights w1 f32[960,1280] (4915200 B) and w2 f32[128,960] (491520 B).
     assert gathers["before"]["bytes"] == 819200 + 614400
     assert gathers["after"]["bytes"] == 4915200 + 491520
+    removed = [(d["role"], d["parameters"], d["result_shape"], d["dimension"], d["bytes_per_device"])
+               for d in module["collectives_removed"]]
+    added = [(d["role"], d["parameters"], d["result_shape"], d["dimension"], d["bytes_per_device"])
+             for d in module["collectives_added"]]
+    assert removed == [
+        ("activation", ["x"], "f32[160,1280]", 0, 819200),
+        ("activation", ["b1", "w1", "x"], "f32[160,960]", 1, 614400),
+    ]
+    assert added == [("weight", ["w1"], "f32[1280,960]", 1, 4915200), ("weight", ["w2"], "f32[960,128]", 1, 491520)]
+    assert {f["rule"] for f in module["findings_removed"]} == {"activation-all-gather", "non-batch-dim-sharding"}
+    assert module["findings_added"] == []
     grown = run("diff", str(SEED_BAD), str(SEED_FIXED), "--max-comm-increase", "50")
     assert grown.exit_code == 1
     assert "collective bytes grew" in grown.stderr
@@ -235,3 +242,20 @@ def test_copied_dump_gives_the_same_fingerprints(tmp_path: Path) -> None:
     first = json.loads(run("analyze", str(UNEVEN_BAD), "--format", "json").stdout)["findings"]
     second = json.loads(run("analyze", str(copy), "--format", "json").stdout)["findings"]
     assert [f["fingerprint"] for f in first] == [f["fingerprint"] for f in second]
+
+
+def test_sarif_puts_the_seed_findings_on_the_users_program_lines() -> None:
+    result = run("check", str(SEED_BAD), "--format", "sarif")
+    assert result.exit_code == 1
+    results = json.loads(result.stdout)["runs"][0]["results"]
+    located = sorted(
+        (r["ruleId"], r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].rsplit("/", 1)[-1],
+         r["locations"][0]["physicalLocation"]["region"]["startLine"])
+        for r in results
+    )
+    # x @ w1.T + b1 is line 49 of the seed program, h @ w2.T + b2 line 52.
+    assert located == [
+        ("activation-all-gather", "fsdp_activation_gather.py", 49),
+        ("activation-all-gather", "fsdp_activation_gather.py", 52),
+        ("non-batch-dim-sharding", "fsdp_activation_gather.py", 49),
+    ]

@@ -8,6 +8,7 @@ from hlo_doctor.dump import load_dump
 from hlo_doctor.graph.cli import load_context
 from hlo_doctor.graph.provenance import explain
 from hlo_doctor.graph.source import user_frame_of
+from tests.conftest import program_line
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SEED = FIXTURES / "fsdp-activation-gather"
@@ -54,7 +55,7 @@ def test_fixed_dot_owes_its_batch_sharding_to_the_constraint(folder, dot, constr
     result = _explain(context, dot)
     origin = result.origins["fsdp"]
     assert (origin.kind, origin.instruction) == ("constraint", constraint)
-    assert (origin.source.file.endswith(SCRIPT), origin.source.line) == (True, 45)
+    assert (origin.source.file.endswith(SCRIPT), origin.source.line) == (True, program_line("fsdp_activation_gather.py", "with_sharding_constraint(h, batch)"))
     assert _path(result, "fsdp")[0] == dot and _path(result, "fsdp")[-1] == constraint
     assert result.collectives == ["all-gather"]
     given = _explain(context, constraint)
@@ -70,7 +71,7 @@ def test_torch_xla_mark_sharding_params():
 def test_user_frame_skips_runner_bootstrap():
     context = _context(SEED / "jax-shardy-fixed")
     frame = user_frame_of(context.graph.instruction(context.graph.entry_key("sharding_constraint.0")))
-    assert (frame.file.endswith(SCRIPT), frame.line, frame.function) == (True, 45, "main.<locals>.mlp")
+    assert (frame.file.endswith(SCRIPT), frame.line, frame.function) == (True, program_line("fsdp_activation_gather.py", "with_sharding_constraint(h, batch)"), "main.<locals>.mlp")
 
 
 @pytest.mark.parametrize("folder", ["jax-shardy-bad", "jax-shardy-fixed"])

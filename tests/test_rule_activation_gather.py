@@ -8,6 +8,7 @@ import pytest
 
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.rules.base import Severity
+from tests.conftest import program_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SEED = FIXTURES / "fsdp-activation-gather"
@@ -61,7 +62,7 @@ def test_seed_activation_gathers(variant):
 def test_seed_source_lines_jax():
     found = _findings(SEED / "jax-shardy-bad", "activation-all-gather")
     assert found["all-gather"].source.file.endswith("fsdp_activation_gather.py")
-    assert (found["all-gather"].source.line, found["all-gather.1"].source.line) == (43, 46)
+    assert (found["all-gather"].source.line, found["all-gather.1"].source.line) == (program_line("fsdp_activation_gather.py", "h = x @ w1.T + b1"), program_line("fsdp_activation_gather.py", "return h @ w2.T + b2"))
     assert "batch input x" in found["all-gather"].message and "weight w1" in found["all-gather"].message
 
 
@@ -69,8 +70,12 @@ def test_seed_source_lines_torch_xla_from_module_calls():
     found = _findings(SEED / "torch_xla-bad", "activation-all-gather")
     x, h = found["all-gather"], found["all-gather.1"]
     # metadata names only torch/nn/modules/linear.py; the runner's module_calls give fc1 / fc2
-    assert x.source.file.endswith("fsdp_activation_gather_torch_xla.py") and x.source.line == 30
-    assert h.source.file.endswith("fsdp_activation_gather_torch_xla.py") and h.source.line == 33
+    assert x.source.file.endswith("fsdp_activation_gather_torch_xla.py") and x.source.line == program_line(
+        "fsdp_activation_gather_torch_xla.py", "h = self.fc1(x)"
+    )
+    assert h.source.file.endswith("fsdp_activation_gather_torch_xla.py") and h.source.line == program_line(
+        "fsdp_activation_gather_torch_xla.py", "return self.fc2(h)"
+    )
     assert "nn.Module calls" in x.message and "only library frames" not in x.message
 
 
@@ -85,7 +90,10 @@ def test_seed_non_batch_dim_sharding(variant):
     assert finding.evidence["input_batch_shards"] == 4
     assert finding.suggestion.jax == JAX_FIX
     assert finding.suggestion.torch_xla == TORCH_FIX
-    assert finding.source is not None and finding.source.line == (30 if variant.startswith("torch") else 43)
+    assert finding.source is not None and finding.source.line == (
+        program_line("fsdp_activation_gather_torch_xla.py", "h = self.fc1(x)") if variant.startswith("torch")
+        else program_line("fsdp_activation_gather.py", "h = x @ w1.T + b1")
+    )
 
 
 def test_non_batch_dim_sharding_fixture():

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hlo_doctor.analysis import analyze_dump
+from tests.conftest import program_line
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TP = "cross-host-tensor-parallel"
@@ -28,7 +29,7 @@ def test_tp_all_reduce_across_hosts(partitioner):
     assert len(found) == 1
     finding = found[0]
     assert finding.instruction == "all-reduce"
-    assert finding.source is not None and finding.source.line == 44
+    assert finding.source is not None and finding.source.line == program_line("cross_host_tp.py", "return jax.nn.relu(x @ w1) @ w2")
     assert finding.source.file.endswith("cross_host_tp.py")
     ev = finding.evidence
     assert ev["kind"] == "all-reduce"
@@ -77,7 +78,7 @@ def test_transposed_mesh_crosses_hosts_physically(partitioner):
     assert ev["device_assignment"] == [0, 4, 1, 5, 2, 6, 3, 7]
     assert ev["physical_groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert ev["hosts"] == [0, 1]
-    assert found[0].source is not None and found[0].source.line == 46
+    assert found[0].source is not None and found[0].source.line == program_line("transposed_mesh.py", "return jax.nn.relu(x @ w1) @ w2")
     assert "not in host order" in found[0].suggestion.summary
     _, fixed = _findings(f"transposed-mesh/jax-{partitioner}-fixed", TP)
     assert fixed == []

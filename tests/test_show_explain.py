@@ -6,6 +6,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from hlo_doctor.cli import main
+from tests.conftest import program_line
 
 SEED = Path(__file__).parent.parent / "fixtures" / "fsdp-activation-gather"
 
@@ -23,7 +24,7 @@ def test_explain_json():
     origin = data["origins"]["fsdp"]
     assert origin["kind"] == "constraint" and origin["index"] is None
     assert origin["instruction"] == "sharding_constraint.0"
-    assert origin["source"]["line"] == 45 and origin["source"]["function"] == "main.<locals>.mlp"
+    assert origin["source"]["line"] == program_line("fsdp_activation_gather.py", "with_sharding_constraint(h, batch)") and origin["source"]["function"] == "main.<locals>.mlp"
     assert [s["instruction"] for s in data["path"][0]["steps"]] == ["dot_general.0", "add.3", "sharding_constraint.0"]
     assert data["collectives"] == ["all-gather"]
 

@@ -29,6 +29,35 @@ class CollectiveTotals:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectiveDetail:
+    """One collective, described by what it moves rather than by its (renumbered) name.
+
+    ``role`` is ``activation`` when the moved value derives from the batch
+    input, ``weight`` when it derives only from other program parameters,
+    else ``other``; ``parameters`` names the program arguments it derives from.
+    """
+
+    kind: str
+    instruction: str
+    operand_shape: str
+    result_shape: str
+    dimension: int | None
+    bytes_per_device: int
+    role: str
+    parameters: tuple[str, ...]
+
+    @property
+    def signature(self) -> tuple:
+        return (self.kind, self.role, self.parameters, self.operand_shape, self.result_shape, self.dimension)
+
+    def describe(self) -> str:
+        dim = f" dim {self.dimension}" if self.dimension is not None else ""
+        source = f" of {', '.join(self.parameters)}" if self.parameters else ""
+        return (f"{self.kind} ({self.role}{source}) {self.operand_shape} -> {self.result_shape}{dim}, "
+                f"{self.bytes_per_device} B/device [{self.instruction}]")
+
+
+@dataclass(frozen=True, slots=True)
 class ParameterChange:
     number: int
     name: str
@@ -46,6 +75,8 @@ class ModuleDiff:
     added: tuple[Finding, ...]
     removed: tuple[Finding, ...]
     parameters: tuple[ParameterChange, ...]
+    collectives_removed: tuple[CollectiveDetail, ...] = ()
+    collectives_added: tuple[CollectiveDetail, ...] = ()
 
     @property
     def bytes_before(self) -> int:
@@ -94,6 +125,8 @@ def diff_dumps(before: str, after: str, **options: Any) -> DumpDiff:
     analysis = AnalysisOptions(devices_per_host=options.get("devices_per_host"))
     modules = []
     for name, old, new in _pair_modules(before_dump, after_dump):
+        old_ops = _collective_details(before_dump, old, analysis)
+        new_ops = _collective_details(after_dump, new, analysis)
         modules.append(
             ModuleDiff(
                 name=name,
@@ -105,6 +138,8 @@ def diff_dumps(before: str, after: str, **options: Any) -> DumpDiff:
                 added=_findings_only_in(after_report, before_report, new, old),
                 removed=_findings_only_in(before_report, after_report, old, new),
                 parameters=_parameter_changes(old, new),
+                collectives_removed=_only_in(old_ops, new_ops),
+                collectives_added=_only_in(new_ops, old_ops),
             )
         )
     errors = tuple(f"{e.path}: {e.message}" for e in (*before_report.errors, *after_report.errors))
@@ -143,6 +178,64 @@ def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions
             current.cross_host_bytes + (nbytes if op.crosses_hosts else 0),
         )
     return totals
+
+
+def _collective_details(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> list[CollectiveDetail]:
+    if module is None:
+        return []
+    from hlo_doctor.rules._batch import analyze_batch, parameter_name
+
+    ctx = RuleContext(dump, module, options)
+    graph, hlo = ctx.graph, ctx.per_device
+    if graph is None or hlo is None or hlo.entry is None:
+        return []
+    batch = analyze_batch(ctx, hlo, graph, per_device=True)
+    params = {p.parameter_number: p for p in hlo.entry.parameters()}
+    details = []
+    for op in ctx.collectives:
+        instruction = ctx.instruction(op.computation, op.instruction)
+        if instruction is None:
+            continue
+        computation = hlo.computation(op.computation)
+        operand = computation.get(instruction.operands[0]) if computation and instruction.operands else None
+        derives: frozenset[int] = frozenset()
+        role = "other"
+        if operand is not None:
+            key = (op.computation, operand.name)
+            derives = graph.entry_parameters(key)
+            if batch.derives_from_batch(key):
+                role = "activation"
+            elif derives:
+                role = "weight"
+        names = tuple(sorted(parameter_name(ctx, params[n]) for n in derives if n in params))
+        result = instruction.shape
+        if instruction.opcode.endswith("-start") and result.is_tuple and result.tuple_shapes:
+            result = result.tuple_shapes[-1]
+        details.append(
+            CollectiveDetail(
+                kind=op.kind,
+                instruction=op.instruction,
+                operand_shape=str(operand.shape) if operand is not None else "?",
+                result_shape=str(result),
+                dimension=op.dimension,
+                bytes_per_device=max(op.bytes_in_per_device, op.bytes_out_per_device),
+                role=role,
+                parameters=names,
+            )
+        )
+    return details
+
+
+def _only_in(mine: list[CollectiveDetail], theirs: list[CollectiveDetail]) -> tuple[CollectiveDetail, ...]:
+    """``mine`` minus ``theirs``, as multisets of signatures."""
+    remaining = [t.signature for t in theirs]
+    result = []
+    for detail in mine:
+        if detail.signature in remaining:
+            remaining.remove(detail.signature)
+        else:
+            result.append(detail)
+    return tuple(result)
 
 
 def _collective_diff(

@@ -43,6 +43,8 @@ def diff_to_dict(diff: DumpDiff) -> dict[str, Any]:
                 },
                 "findings_added": [finding_to_dict(f) for f in m.added],
                 "findings_removed": [finding_to_dict(f) for f in m.removed],
+                "collectives_removed": [_detail(d) for d in m.collectives_removed],
+                "collectives_added": [_detail(d) for d in m.collectives_added],
                 "parameters_changed": [
                     {"number": p.number, "name": p.name, "shape": p.shape, "before": p.before, "after": p.after}
                     for p in m.parameters
@@ -52,6 +54,12 @@ def diff_to_dict(diff: DumpDiff) -> dict[str, Any]:
         ],
         "errors": list(diff.errors),
     }
+
+
+def _detail(d) -> dict[str, Any]:
+    return {"kind": d.kind, "instruction": d.instruction, "role": d.role, "parameters": list(d.parameters),
+            "operand_shape": d.operand_shape, "result_shape": d.result_shape, "dimension": d.dimension,
+            "bytes_per_device": d.bytes_per_device}
 
 
 def render_diff_json(diff: DumpDiff) -> str:
@@ -73,6 +81,10 @@ def render_diff_text(diff: DumpDiff) -> str:
                 )
         else:
             lines.append("  no collectives")
+        for detail in m.collectives_removed:
+            lines.append(f"  - {detail.describe()}")
+        for detail in m.collectives_added:
+            lines.append(f"  + {detail.describe()}")
         for finding in m.added:
             lines.append(f"  + {finding.rule} {finding.instruction or ''}: {finding.message}")
         for finding in m.removed:
@@ -103,6 +115,10 @@ def render_diff_markdown(diff: DumpDiff) -> str:
                 f"({_pct(b.bytes_per_device, a.bytes_per_device)}) | {_mib(b.cross_host_bytes)} → {_mib(a.cross_host_bytes)} |"
             )
         lines.append("")
+        for detail in m.collectives_removed:
+            lines.append(f"- removed {detail.describe()}")
+        for detail in m.collectives_added:
+            lines.append(f"- added {detail.describe()}")
         for finding in m.added:
             lines.append(f"- :new: `{finding.rule}` `{finding.instruction or ''}`: {finding.message}")
         for finding in m.removed:

@@ -14,15 +14,17 @@ from pathlib import Path
 
 
 def local_path(recorded: str, base: Path | None = None) -> Path | None:
-    """The file on this machine that ``recorded`` names, or None."""
+    """The file (or folder) on this machine that ``recorded`` names, or None."""
     path = Path(recorded)
-    if path.is_file():
+    if path.exists():
         return path
     base = base or Path.cwd()
     parts = path.parts[1:] if path.is_absolute() else path.parts
-    for start in range(len(parts)):
+    # Tails of at least two parts (folder/file), so a bare file name never
+    # matches an unrelated file of the same name.
+    for start in range(max(1, len(parts) - 1)):
         candidate = base.joinpath(*parts[start:])
-        if candidate.is_file():
+        if candidate.exists():
             return candidate
     return None
 

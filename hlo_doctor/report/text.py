@@ -13,7 +13,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from hlo_doctor.report.paths import local_path
+from hlo_doctor.report.paths import local_path, relative_path
 from hlo_doctor.rules.base import Finding, Severity
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ def print_text(report: Report, console: Console) -> None:
 
 
 def _summary(report: Report) -> Group:
-    modules = Table(title=f"hlo-doctor {report.tool_version}: {report.dump}", title_justify="left", show_edge=False)
+    modules = Table(title=f"hlo-doctor {report.tool_version}: {relative_path(report.dump)}", title_justify="left",
+                    show_edge=False)
     modules.add_column("module")
     modules.add_column("partitioner")
     modules.add_column("partitions", justify="right")
@@ -85,10 +86,10 @@ def _panel(finding: Finding) -> Panel:
     where = []
     if finding.source is not None:
         function = f" in {finding.source.function}" if finding.source.function else ""
-        where.append(f"source: {finding.source.file}:{finding.source.line}{function}")
+        where.append(f"source: {relative_path(finding.source.file)}:{finding.source.line}{function}")
     if finding.file is not None:
         instruction = f" ({finding.instruction})" if finding.instruction else ""
-        where.append(f"dump:   {finding.file}:{finding.line}{instruction}")
+        where.append(f"dump:   {relative_path(finding.file)}:{finding.line}{instruction}")
     if where:
         parts.append(Text("\n".join(where), style="dim"))
     source = _source_excerpt(finding)

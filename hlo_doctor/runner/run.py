@@ -162,7 +162,7 @@ def run_script(
         command=command, framework=framework,
         partitioner=effective_partitioner or infer_partitioner(dump, framework),
         devices=devices, devices_per_host=devices_per_host, events=events, example=example,
-        target=target, dump_dir=dump,
+        target=target, dump_dir=dump, script=Path(script).resolve(),
     )
     sidecar_path = write_sidecar(dump, sidecar)
     report = trim_dump(dump, size_cap=size_cap)

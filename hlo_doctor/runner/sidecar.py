@@ -17,6 +17,7 @@ Schema (version 1)::
      "module_calls": [{"module_class": ..., "file": ..., "line": ..., "count": n,
                        "stack": [...]}],
      "example": {"name": ..., "variant": ...} | null,
+     "script": {"path": ..., "sha256": ...} | null,   # the program that was run
      "instrumentation_errors": [{"where": ..., "error": ...}],  # the hook failing, not the script
      # only with --target (deviceless GPU compiles):
      "target": {"name": "h100", "config": PATH, "config_path": PATH, "hosts": 2,
@@ -32,6 +33,7 @@ Stacks list user frames only, innermost first: ``{"file", "line", "function"}``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from importlib import metadata
@@ -167,8 +169,10 @@ def build_sidecar(
     example: dict[str, str] | None = None,
     target: Any = None,
     dump_dir: Path | None = None,
+    script: Path | None = None,
 ) -> dict[str, Any]:
-    """``target`` (a :class:`~hlo_doctor.runner.targets.Target`) adds the target fields."""
+    """``target`` (a :class:`~hlo_doctor.runner.targets.Target`) adds the target fields;
+    ``script`` records the program's path and sha256 (so a dump can be matched to its source)."""
     process = next((e for e in reversed(events) if e.get("event") == "process"), {})
     versions = installed_versions(framework)
     versions.update(process.get("versions", {}))
@@ -187,6 +191,7 @@ def build_sidecar(
         "sharding_calls": _unique_sharding_calls(events),
         "module_calls": [_strip(e) for e in events if e.get("event") == "module_call"],
         "example": example,
+        "script": _script_record(script),
         "instrumentation_errors": [
             _strip(e) for e in events if e.get("event") == "instrumentation_error"
         ],
@@ -194,6 +199,16 @@ def build_sidecar(
     if target is not None:
         sidecar.update(_target_fields(target, events, dump_dir))
     return sidecar
+
+
+def _script_record(script: Path | None) -> dict[str, str] | None:
+    if script is None:
+        return None
+    try:
+        digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    except OSError:
+        return {"path": str(script), "sha256": None}
+    return {"path": str(script), "sha256": digest}
 
 
 def write_sidecar(dump_dir: Path, sidecar: dict[str, Any]) -> Path:

@@ -1,0 +1,66 @@
+"""The README's commands and examples actually run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.S | re.M)
+    assert match, f"README has no '{title}' section"
+    return match.group(1)
+
+
+def first_block(text: str, language: str = "") -> str:
+    match = re.search(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+    assert match
+    return match.group(1)
+
+
+@pytest.mark.parametrize("title", ["Quick start", "Tests"])
+def test_sections_hold_one_command_line(title: str) -> None:
+    block = first_block(section(title)).strip()
+    assert block and "\n" not in block
+
+
+def test_ci_runs_exactly_the_tests_command() -> None:
+    command = first_block(section("Tests")).strip()
+    extracted = subprocess.run(
+        ["bash", "-c", "source <(sed -n '/^command=/,/^if /p' .ci/run | head -n -1); echo \"$command\""],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert extracted == command
+
+
+@pytest.mark.slow
+def test_quick_start_prints_the_diagnosis_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("jax")
+    from click.testing import CliRunner
+
+    from hlo_doctor.cli import main
+
+    command = first_block(section("Quick start")).strip()
+    doctor = command.split("&&")[-1].strip()
+    assert doctor.startswith("hlo-doctor ")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, shlex.split(doctor)[1:])
+    assert result.exit_code == 0, result.output
+    for expected in ("activation-all-gather", "non-batch-dim-sharding",
+                     "jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))",
+                     "xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))"):
+        assert expected in result.output
+
+
+def test_python_api_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(ROOT)
+    exec(compile(first_block(section("Python API"), "python"), "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("activation-all-gather all-gather 49 ") for line in printed), printed

@@ -1,0 +1,58 @@
+"""Each output format against a checked-in snapshot of a real fixture's report.
+
+Regenerate on purpose with ``python -m pytest tests/test_report_snapshots.py --update-snapshots``
+and review the diff. Paths of this checkout are written as ``<repo>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hlo_doctor import __version__
+from hlo_doctor.report import FORMATS, render
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+CASES = {
+    "seed-shardy-bad": "fixtures/fsdp-activation-gather/jax-shardy-bad",
+    "seed-torch_xla-bad": "fixtures/fsdp-activation-gather/torch_xla-bad",
+    "seed-shardy-fixed": "fixtures/fsdp-activation-gather/jax-shardy-fixed",
+}
+SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif", "markdown": "md", "github": "txt"}
+
+
+def recorded_root(folder: str) -> str:
+    """The checkout the fixture was compiled in (its sidecar's program path, three levels up)."""
+    script = json.loads((ROOT / folder / "hlo_doctor_run.json").read_text())["script"]["path"]
+    return str(Path(script).parents[3])
+
+
+def normalize(text: str, folder: str) -> str:
+    text = text.replace(str(ROOT / "fixtures"), "<repo>/fixtures").replace(recorded_root(folder), "<compiled-in>")
+    text = text.replace(str(ROOT), "<repo>")
+    return text.replace(f'"{__version__}"', '"<version>"').replace(f"hlo-doctor {__version__}", "hlo-doctor <version>")
+
+
+@pytest.fixture(scope="module")
+def reports():
+    from hlo_doctor.analysis import analyze_dump
+
+    return {name: analyze_dump(ROOT / folder) for name, folder in CASES.items()}
+
+
+@pytest.mark.parametrize("output_format", FORMATS)
+@pytest.mark.parametrize("case", CASES)
+def test_report_matches_snapshot(
+    case: str, output_format: str, reports, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # SARIF and annotations write paths relative to the checkout
+    produced = normalize(render(reports[case], output_format, color=False, width=110), CASES[case])
+    snapshot = SNAPSHOTS / f"{case}.{output_format}.{SUFFIX[output_format]}"
+    if request.config.getoption("--update-snapshots"):
+        snapshot.write_text(produced)
+        return
+    assert snapshot.is_file(), f"no snapshot {snapshot.name}: run with --update-snapshots"
+    assert produced == snapshot.read_text()
