@@ -21,6 +21,28 @@ def ids(values: tuple[str, ...]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
+strict_plugins_option = click.option(
+    "--strict-plugins", is_flag=True,
+    help="Exit 2 when a rule plugin cannot be loaded (import error, id clash, incompatible api_version) "
+         "instead of reporting it and going on.",
+)
+
+
+def load_rules(strict_plugins: bool = False):
+    """Discover the rules; with ``strict_plugins``, a plugin that was not loaded ends the command (exit 2)."""
+    from hlo_doctor.rules import discover
+
+    registry = discover()
+    if strict_plugins and registry.errors:
+        for error in registry.errors:
+            click.echo(f"error: rule plugin {error.entry_point} ({error.origin}) not loaded: {error.message}",
+                       err=True)
+        count = len(registry.errors)
+        click.echo(f"error: {count} rule plugin{'s' if count != 1 else ''} not loaded (--strict-plugins)", err=True)
+        sys.exit(2)
+    return registry
+
+
 def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options ``analyze`` and ``check`` share (flags override the config file)."""
     decorators = [
@@ -38,17 +60,18 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Configuration file (default: the nearest hlo-doctor.toml, or pyproject.toml "
                           "with [tool.hlo-doctor])."),
         click.option("-v", "--verbose", is_flag=True, help="Also say which rules could not judge a module, and why."),
+        strict_plugins_option,
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
     return command
 
 
-def effective_config(config_file: Path | None, **overrides: Any) -> Config:
-    """The file's configuration (validated against the installed rules) with flags on top."""
+def effective_config(config_file: Path | None, registry=None, **overrides: Any) -> Config:
+    """The file's configuration (validated against the installed rules, or ``registry``'s) with flags on top."""
     from hlo_doctor.rules import discover
 
-    registry = discover()
+    registry = registry if registry is not None else discover()
     known = {rule_id: registry.rules[rule_id].rule.Options for rule_id in registry.ids()}
     config = load_config(config_file, rule_options=known)
     for key in ("select", "ignore"):
@@ -65,8 +88,8 @@ def effective_config(config_file: Path | None, **overrides: Any) -> Config:
     return config.with_overrides(**overrides)
 
 
-def run_analysis(dump: str, config: Config, verbose: bool):
-    """``analyze_dump`` with the effective configuration and a progress bar on a terminal."""
+def run_analysis(dump: str, config: Config, verbose: bool, registry=None):
+    """``analyze_dump`` with the effective configuration (and ``registry``'s rules) and a progress bar on a terminal."""
     from hlo_doctor.analysis import analyze_dump
 
     with Progress() as progress:
@@ -79,6 +102,7 @@ def run_analysis(dump: str, config: Config, verbose: bool):
             rule_options={rule_id: config.options_for(rule_id) for rule_id in config.rule_options},
             ignore_ops=config.ignore_ops.value,
             verbose=verbose,
+            registry=registry,
             progress=progress,
         )
 

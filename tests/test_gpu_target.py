@@ -336,6 +336,16 @@ def test_run_script_on_h100_2x8(tmp_path):
     assert module.compile_options.source.endswith(".config.pbtxt")
     assert module.after_optimizations().module().attribute("is_scheduled") == "true"
 
+    # ... and analyzed: the H100 profile and the host layout come from the dump and its sidecar
+    from hlo_doctor.analysis import analyze_dump
+
+    report = analyze_dump(result.dump_dir)
+    assert not [f for f in report.findings if f.rule == "internal-error"]
+    assert sorted({f.rule for f in report.findings}) == ["communication-bound"]
+    [bound] = report.findings
+    assert bound.evidence["hardware"] == "h100" and bound.evidence["devices_per_host"] == 8
+    assert bound.evidence["inter_host_bytes_sent"] > 0  # FSDP over 16 devices crosses the 2 hosts
+
 
 @pytest.mark.slow
 @needs_plugin

@@ -253,9 +253,36 @@ def test_sync_collective_is_sync_with_independent_compute(tmp_path):
 def test_sync_collective_names_the_flag(tmp_path):
     dump = _gpu_dump(tmp_path, _SYNC.replace("SYNC", "false"), "xla_gpu_enable_latency_hiding_scheduler: false\n")
     findings = analyze_dump(dump, select=["sync-collective"]).findings
-    causes = sorted((f.instruction, str(f.evidence.get("cause")), str(f.evidence.get("flag"))) for f in findings)
-    assert causes == [("ag-start", "None", "xla_gpu_enable_latency_hiding_scheduler"), ("ag-start", "flag", "None")]
-    assert all("xla_gpu_enable_latency_hiding_scheduler" in f.message for f in findings)
+    # one finding per flag-caused problem: the flag and every start it left exposed
+    (finding,) = findings
+    assert finding.instruction == "ag-start"
+    assert finding.evidence["cause"] == "flag"
+    assert finding.evidence["flag"] == "xla_gpu_enable_latency_hiding_scheduler"
+    assert finding.evidence["sync_starts"] == ["ag-start"]
+    assert "--xla_gpu_enable_latency_hiding_scheduler=false" in finding.message
+
+
+def test_sync_collective_flag_without_work_to_hide_is_silent(tmp_path):
+    # the only independent op is a constant table: nothing worth overlapping, flag or not
+    body = _SYNC.replace("SYNC", "true").replace(
+        "dot(%p1, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}", "iota(), iota_dimension=0")
+    for debug in ("", "xla_gpu_disable_async_collectives: ALLGATHER\n"):
+        dump = _gpu_dump(tmp_path, body, debug)
+        assert analyze_dump(dump, select=["sync-collective"]).findings == ()
+
+
+def test_sync_collective_small_elementwise_work_does_not_count(tmp_path):
+    # 4 KiB of independent elementwise work cannot hide a 16 MiB all-gather
+    body = _SYNC.replace("SYNC", "true").replace("%p1 = f32[1024,1024]{1,0} parameter(1)",
+                                                 "%p1 = f32[32,32]{1,0} parameter(1)").replace(
+        "%dot = f32[1024,1024]{1,0} dot(%p1, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "%dot = f32[32,32]{1,0} exponential(%p1)").replace(
+        "(f32[4096,1024]{1,0}, f32[1024,1024]{1,0}) tuple", "(f32[4096,1024]{1,0}, f32[32,32]{1,0}) tuple")
+    dump = _gpu_dump(tmp_path, body)
+    assert analyze_dump(dump, select=["sync-collective"]).findings == ()
+    report = analyze_dump(dump, select=["sync-collective"],
+                          rule_options={"sync-collective": {"min_work_fraction": 0.0}})
+    assert [f.instruction for f in report.findings] == ["ag-start"]
 
 
 def test_sync_collective_not_flagged_when_nothing_could_hide_it(tmp_path):

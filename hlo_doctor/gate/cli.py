@@ -17,6 +17,7 @@ from hlo_doctor.cli_common import (
     emit,
     ids,
     input_errors_exit_2,
+    load_rules,
     run_analysis,
 )
 from hlo_doctor.config import SEVERITIES
@@ -34,7 +35,7 @@ from hlo_doctor.rules.base import Severity
               help="Record the current findings in this file (and exit 0).")
 @input_errors_exit_2
 def check_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
-                  fail_on, baseline_file, write_baseline_file):
+                  strict_plugins, fail_on, baseline_file, write_baseline_file):
     """Gate CI on a compiled graph: exit 1 when findings at or above --fail-on remain.
 
     \b
@@ -47,11 +48,12 @@ def check_command(dump, output_format, output, devices_per_host, hardware, selec
     from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
     from hlo_doctor.report import render
 
+    registry = load_rules(strict_plugins)
     config = effective_config(
-        config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+        config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
         hardware=hardware, fail_on=fail_on,
     )
-    report = run_analysis(dump, config, verbose)
+    report = run_analysis(dump, config, verbose, registry)
     if write_baseline_file is not None:
         count = write_baseline(report.findings, write_baseline_file)
         click.echo(f"wrote {count} finding{'s' if count != 1 else ''} to the baseline {write_baseline_file}", err=True)

@@ -1,8 +1,9 @@
 """The rule engine: rules, findings, discovery and the shared context.
 
-Public API for rule authors (built-in and plugins)::
+Rule authors (built-in and plugins) import from :mod:`hlo_doctor.plugin`,
+the stable, versioned API that re-exports what they need from here::
 
-    from hlo_doctor.rules import Finding, Rule, RuleContext, RuleSkipped, Severity, Suggestion
+    from hlo_doctor.plugin import Finding, Rule, RuleContext, RuleSkipped, Severity, Suggestion
 
 A plugin package registers its rule classes in the ``hlo_doctor.rules``
 entry-point group::

@@ -111,15 +111,18 @@ class Rule:
 
     Subclasses set ``id`` (stable, kebab-case, names the pattern found),
     ``severity``, ``summary`` (one line), optionally ``Options`` (a frozen
-    dataclass of typed option fields with defaults), write their docstring
-    to the template *What it finds / Why it hurts / Example / Fix / Options*,
-    and implement :meth:`check`.
+    dataclass of typed option fields with defaults) and ``api_version``
+    (the rule-plugin API they need, e.g. ``">=1.0,<2"``; see
+    :mod:`hlo_doctor.rules.versioning`), write their docstring to the
+    template *What it finds / Why it hurts / Example / Fix / Options*, and
+    implement :meth:`check`. The options of a run are ``self.options``.
     """
 
     id: ClassVar[str] = ""
     severity: ClassVar[Severity] = Severity.WARNING
     summary: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    api_version: ClassVar[str | None] = None
 
     def __init__(self, options: Any = None, **overrides: Any) -> None:
         if options is None:

@@ -6,18 +6,30 @@ import sys
 
 import click
 
-from hlo_doctor.cli_common import analysis_options, effective_config, emit, ids, input_errors_exit_2, run_analysis
+from hlo_doctor.cli_common import (
+    analysis_options,
+    effective_config,
+    emit,
+    ids,
+    input_errors_exit_2,
+    load_rules,
+    run_analysis,
+    strict_plugins_option,
+)
 
 
 @click.command("analyze")
 @click.argument("dump", metavar="DUMP")
 @analysis_options
 @input_errors_exit_2
-def analyze_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose):
+def analyze_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
+                    strict_plugins):
     """Analyze an XLA dump folder (or one HLO file) and report sharding problems.
 
     Exits 0 when the analysis ran, whatever it found; 2 when the input cannot be
-    used. For a CI gate that fails on findings, use `hlo-doctor check`.
+    used (or, with --strict-plugins, when a rule plugin could not be loaded;
+    without it the plugin is skipped and listed in the report's errors). For a
+    CI gate that fails on findings, use `hlo-doctor check`.
 
     \b
       hlo-doctor analyze ./dump
@@ -26,21 +38,28 @@ def analyze_command(dump, output_format, output, devices_per_host, hardware, sel
     """
     from hlo_doctor.report import render
 
+    registry = load_rules(strict_plugins)
     config = effective_config(
-        config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host, hardware=hardware
+        config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+        hardware=hardware,
     )
-    report = run_analysis(dump, config, verbose)
+    report = run_analysis(dump, config, verbose, registry)
     emit(render(report, output_format, color=None if output is None else False), output)
 
 
 @click.command("rules")
 @click.argument("rule_id", required=False, metavar="[ID]")
-def rules_command(rule_id):
-    """List the rules (origin, severity, summary), or print the docs of one rule."""
-    from hlo_doctor.rules import discover
+@strict_plugins_option
+def rules_command(rule_id, strict_plugins):
+    """List the rules (origin, severity, summary), or print the docs of one rule.
+
+    The origin is `builtin` or the plugin distribution that registered the rule
+    (`plugin NAME==VERSION`). Plugins that could not be loaded are reported on
+    stderr; with --strict-plugins they make the command exit 2.
+    """
     from hlo_doctor.rules.docs import rule_markdown
 
-    registry = discover()
+    registry = load_rules(strict_plugins)
     for error in registry.errors:
         click.echo(f"warning: rule plugin {error.entry_point} ({error.origin}) not loaded: {error.message}", err=True)
     if rule_id is not None:

@@ -1,10 +1,15 @@
 """Rule discovery through the ``hlo_doctor.rules`` entry-point group.
 
 Built-in rules register in hlo-doctor's own ``pyproject.toml`` exactly as a
-plugin does in its own. Discovery is sorted by entry-point name and package,
-so results are deterministic; a plugin that fails to import, or whose object
-is not a :class:`~hlo_doctor.rules.base.Rule` subclass, is reported and
-skipped; a second rule with an id already taken is reported and skipped.
+plugin does in its own. Discovery is deterministic: the built-in entry points
+first, then the plugins', each sorted by entry-point name and value, so a
+plugin can never shadow a built-in rule. Every problem is recorded as a
+:class:`LoadError` in :attr:`Registry.errors` and the entry point is
+skipped: a plugin that fails to import, an object that is not a
+:class:`~hlo_doctor.rules.base.Rule` subclass or lacks metadata, a rule
+whose ``api_version`` does not accept this hlo-doctor's
+:data:`~hlo_doctor.rules.versioning.API_VERSION`, and a second rule with an
+id already taken (the first one registered keeps it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from hlo_doctor.errors import one_line
 from hlo_doctor.rules.base import Rule, Severity
+from hlo_doctor.rules.versioning import api_version_problem
 
 GROUP = "hlo_doctor.rules"
 BUILTIN_PREFIX = "hlo_doctor.rules.builtin."
@@ -39,6 +45,19 @@ class RuleSpec:
     def is_builtin(self) -> bool:
         return self.origin == "builtin"
 
+    @property
+    def distribution(self) -> str | None:
+        """The plugin's distribution name (None for a built-in rule)."""
+        if self.is_builtin:
+            return None
+        return self.origin.removeprefix("plugin ").split("==", 1)[0]
+
+    @property
+    def version(self) -> str | None:
+        """The plugin distribution's version, when known."""
+        _, sep, version = self.origin.partition("==")
+        return version if sep else None
+
 
 @dataclass(frozen=True, slots=True)
 class LoadError:
@@ -60,12 +79,19 @@ class Registry:
     def get(self, rule_id: str) -> RuleSpec | None:
         return self.rules.get(rule_id)
 
+    def builtin_ids(self) -> list[str]:
+        """The ids of the built-in rules, sorted."""
+        return [rule_id for rule_id in self.ids() if self.rules[rule_id].is_builtin]
+
     def add(self, rule: type[Rule], origin: str = "builtin", entry_point: str = "") -> LoadError | None:
         """Register ``rule``; returns (and records) the error when it is not usable."""
         problem = _check(rule)
+        if problem is None:
+            problem = api_version_problem(rule)
         if problem is None and rule.id in self.rules:
             taken = self.rules[rule.id]
-            problem = f"rule id '{rule.id}' is already registered by {taken.entry_point or taken.origin}"
+            by = f"{taken.entry_point} ({taken.origin})" if taken.entry_point else taken.origin
+            problem = f"rule id '{rule.id}' is already registered by {by}"
         if problem is not None:
             error = LoadError(entry_point or getattr(rule, "__name__", "?"), origin, problem)
             self.errors.append(error)
@@ -96,9 +122,12 @@ def _origin(entry_point: EntryPoint) -> str:
 
 
 def discover(group: str = GROUP) -> Registry:
-    """Load every rule registered in ``group``, sorted by entry-point name then value."""
+    """Load every rule registered in ``group``: built-ins first, each part sorted by entry-point name, value."""
     registry = Registry()
-    points = sorted(entry_points(group=group), key=lambda ep: (ep.name, ep.value))
+    points = sorted(
+        entry_points(group=group),
+        key=lambda ep: (not ep.value.startswith(BUILTIN_PREFIX), ep.name, ep.value),
+    )
     seen_values: set[tuple[str, str]] = set()
     for point in points:
         if (point.name, point.value) in seen_values:  # the same distribution found twice on sys.path

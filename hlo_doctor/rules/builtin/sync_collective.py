@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
-from hlo_doctor.rules._analyses import backend_config_json, collective_kind
+from hlo_doctor.rules._analyses import backend_config_json, collective_kind, instruction_flops
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 
@@ -20,24 +21,88 @@ _NOT_COMPUTE = frozenset({
 })
 _DONE = ("all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "async-update")
 
-# flag -> (the value that turns overlap off, what it does)
-_FLAGS: tuple[tuple[str, object, str], ...] = (
-    ("xla_gpu_disable_async_collectives", None, "makes the listed collectives synchronous"),
-    ("xla_gpu_enable_latency_hiding_scheduler", False, "turns the latency-hiding scheduler off"),
-    ("xla_tpu_enable_latency_hiding_scheduler", False, "turns the latency-hiding scheduler off"),
-    ("xla_gpu_enable_async_collectives", False, "makes collectives synchronous"),
-    ("xla_gpu_enable_async_all_reduce", False, "makes all-reduces synchronous"),
-    ("xla_gpu_enable_async_all_gather", False, "makes all-gathers synchronous"),
-    ("xla_gpu_enable_async_reduce_scatter", False, "makes reduce-scatters synchronous"),
-    ("xla_gpu_enable_async_collective_permute", False, "makes collective-permutes synchronous"),
-    ("xla_gpu_enable_async_all_to_all", False, "makes all-to-alls synchronous"),
+# Every overlap-killing debug option: (flag, the value that turns overlap off (None: any
+# non-empty value), what it does, the collective kinds it affects (None: every kind)).
+_FLAGS: tuple[tuple[str, object, str, frozenset[str] | None], ...] = (
+    ("xla_gpu_disable_async_collectives", None, "makes the listed collectives synchronous", None),
+    ("xla_gpu_enable_latency_hiding_scheduler", False, "turns the latency-hiding scheduler off", None),
+    ("xla_tpu_enable_latency_hiding_scheduler", False, "turns the latency-hiding scheduler off", None),
+    ("xla_gpu_enable_async_collectives", False, "makes collectives synchronous", None),
+    ("xla_gpu_enable_async_all_reduce", False, "makes all-reduces synchronous", frozenset({"all-reduce"})),
+    ("xla_gpu_enable_async_all_gather", False, "makes all-gathers synchronous", frozenset({"all-gather"})),
+    ("xla_gpu_enable_async_reduce_scatter", False, "makes reduce-scatters synchronous",
+     frozenset({"reduce-scatter"})),
+    ("xla_gpu_enable_async_collective_permute", False, "makes collective-permutes synchronous",
+     frozenset({"collective-permute"})),
+    ("xla_gpu_enable_async_all_to_all", False, "makes all-to-alls synchronous",
+     frozenset({"all-to-all", "ragged-all-to-all"})),
 )
+
+# --xla_gpu_disable_async_collectives values (DebugOptions.CollectiveOpType), in the order
+# they are usually written, and the collectives each one makes synchronous (None: all).
+_DISABLE_VALUES: dict[str, frozenset[str] | None] = {
+    "allgather": frozenset({"all-gather"}),
+    "reducescatter": frozenset({"reduce-scatter"}),
+    "allreduce": frozenset({"all-reduce"}),
+    "collectivebroadcast": frozenset({"collective-broadcast"}),
+    "alltoall": frozenset({"all-to-all"}),
+    "collectivepermute": frozenset({"collective-permute"}),
+    "raggedalltoall": frozenset({"ragged-all-to-all"}),
+    "allcollectives": None,
+}
+
+# Ops worth overlapping whatever their output size: matmuls, loops and the like. The cost of
+# other ops (elementwise, reductions, gathers, scatters) grows with the bytes they write.
+_HEAVY = frozenset({"dot", "convolution", "while", "conditional", "call", "fft", "triangular-solve",
+                    "cholesky", "sort", "reduce-window", "select-and-scatter"})
+_HEAVY_CUSTOM_CALLS = ("gemm", "cublas", "cudnn", "matmul", "conv")
+_LOOPS = frozenset({"while", "conditional", "call"})
+# A matmul's work in bytes written: FLOPs over the FLOP per HBM byte of a GPU (H100: about
+# 989 TFLOP/s bf16 over 3.35 TB/s), so FLOPs and elementwise bytes compare.
+_FLOPS_PER_BYTE = 300.0
 
 
 @dataclass(frozen=True, slots=True)
 class SyncCollectiveOptions:
     min_independent_ops: int = 1
     """Only flag a collective when at least this many independent compute ops could have overlapped it."""
+    min_work_fraction: float = 0.25
+    """The independent compute must do at least this fraction of the collective's bytes in work
+    (bytes written; a matmul's FLOPs / 300) to count as enough to hide it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    """An active debug option that turns overlap off."""
+
+    name: str
+    text: str  # the value as XLA_FLAGS spells it
+    effect: str
+    kinds: frozenset[str] | None  # the collectives it affects; None: every one
+
+    @property
+    def spelled(self) -> str:
+        return f"--{self.name}={self.text}"
+
+    def covers(self, kind: str) -> bool:
+        return self.kinds is None or kind in self.kinds
+
+
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    """A collective's start/done pair that overlaps nothing, and what could have overlapped it."""
+
+    start: Instruction
+    done: Instruction
+    kind: str
+    is_sync: bool
+    window: int  # compute ops scheduled between start and done
+    distance: int
+    independent: tuple[Instruction, ...]  # compute that neither feeds it nor uses its result
+    hideable: tuple[Instruction, ...]  # the part of it that is real work (not constants)
+    enough_work: bool  # the independent compute could hide the collective
+    work_bytes: float  # the work of the independent compute, in bytes (matmuls: FLOPs / 300)
+    collective_bytes: int
 
 
 class SyncCollective(Rule):
@@ -46,16 +111,31 @@ class SyncCollective(Rule):
     **What it finds**
 
     In the scheduled after-optimizations module of a GPU or TPU program
-    (``is_scheduled=true``): a collective made synchronous
-    (``"is_sync":true`` in the backend config of a GPU ``*-start``), or a
-    ``*-start``/``*-done`` pair with no compute scheduled between them,
-    *when* the same computation has compute that neither feeds the
-    collective nor uses its result, so it could have run in between. A collective that nothing could hide (every other op
-    feeds it or uses its result) is not flagged. Debug options that turn
-    asynchronous collectives or the latency-hiding scheduler off are
-    reported too (``--xla_gpu_disable_async_collectives``,
-    ``--xla_gpu_enable_latency_hiding_scheduler=false``), and the message
-    says whether a flag or the schedule is to blame.
+    (``is_scheduled=true``, e.g. ``*.sm_9.0a_gpu_after_optimizations.txt``):
+    collectives made synchronous (``"is_sync":true`` in the backend config
+    of a GPU ``*-start``) and ``*-start``/``*-done`` pairs with no compute
+    scheduled between them, *when* the same computation has enough
+    independent work (compute that neither feeds the collective nor uses
+    its result, and is more than constant tables) to hide it: at least
+    ``min_work_fraction`` of the bytes the collective moves, counting
+    bytes written and a matmul's FLOPs at 300 per byte (about an H100's
+    FLOP per HBM byte); a loop always counts. A pair XLA did not mark
+    ``is_sync`` (a TPU dump, an older scheduler) is also flagged when any
+    matmul or loop is independent of it. Each collective is reported once,
+    by its start instruction (an ``async-start``'s wrapped op is not a
+    second collective).
+
+    The message separates two causes. When a debug option turns overlap off
+    (``--xla_gpu_disable_async_collectives=...``,
+    ``--xla_gpu_enable_latency_hiding_scheduler=false``,
+    ``--xla_gpu_enable_async_*=false``) one finding names the flag and every
+    start instruction it made synchronous. Without such a flag a synchronous
+    pair is XLA's own choice; it is reported only when independent work
+    existed, as a schedule (dependency) problem. Not flagged: a collective
+    XLA made synchronous because nothing could hide it (the first FSDP
+    all-gather of a step, with only constant tables and small loss
+    bookkeeping independent of it), and a pair that overlaps a little
+    because no more work was left.
 
     CPU dumps cannot show overlap (the CPU backend runs collectives
     synchronously and does not schedule for latency), so the rule says
@@ -69,9 +149,10 @@ class SyncCollective(Rule):
     **Example**
 
     ```
-    %ag-start = (f32[8,256,256], f32[16,256,256]) all-gather-start(%color_operand.1), dimensions={0}
+    %ag-start = (f32[8,256,256], f32[16,256,256]) all-gather-start(%p0), dimensions={0},
+        backend_config={"collective_backend_config":{"is_sync":true}}
     %ag-done = f32[16,256,256] all-gather-done(%ag-start)
-    %c0 = f32[16,256,256] convolution(%p0, %p1)   // independent: could run between start and done
+    %c0 = f32[16,256,256] convolution(%p1, %p2)   // independent: could run between start and done
     ```
 
     **Fix**
@@ -91,6 +172,9 @@ class SyncCollective(Rule):
 
     * ``min_independent_ops`` (int, default 1): flag a collective only when
       at least this many independent compute ops could have overlapped it.
+    * ``min_work_fraction`` (float, default 0.25): the independent work
+      (bytes written, matmul FLOPs / 300) must be at least this fraction of
+      the bytes the collective moves to count as enough to hide it.
     """
 
     id = "sync-collective"
@@ -110,32 +194,30 @@ class SyncCollective(Rule):
         if (module.attribute("is_scheduled") or "").lower() != "true":
             raise RuleSkipped("the after-optimizations module is not scheduled (is_scheduled=true missing)")
         flags = _overlap_flags(ctx.debug_options)
-        first_collective: Instruction | None = None
+        heavy = _HeavyOps(module)
+        by_flag: list[_Pair] = []
         for computation in module.computations:
             for index, instruction in enumerate(computation.instructions):
+                # A collective is judged once, by its start: an async-start's wrapped op
+                # (the reduce-scatter inside %async_computation) is not a second collective.
+                if not instruction.opcode.endswith("-start"):
+                    continue
                 kind = collective_kind(instruction, module)
                 if kind is None:
                     continue
-                if first_collective is None:
-                    first_collective = instruction
-                if not (instruction.opcode.endswith("-start")):
+                pair = self._exposed_pair(computation, index, instruction, kind, heavy)
+                if pair is None:
                     continue
-                finding = self._check_pair(ctx, module, computation, index, instruction, kind, flags)
-                if finding is not None:
-                    yield finding
-        if first_collective is not None:
-            for flag, value, effect in flags:
-                yield self.finding(
-                    ctx,
-                    f"debug option --{flag}={_flag_text(value)} {effect}: collectives in this module cannot "
-                    "overlap computation",
-                    instruction=first_collective,
-                    suggestion=_flag_suggestion(flag),
-                    evidence={"flag": flag},
-                )
+                if any(flag.covers(kind) for flag in flags):
+                    by_flag.append(pair)
+                elif pair.enough_work:
+                    yield self._schedule_finding(ctx, pair)
+        if any(p.enough_work for p in by_flag):
+            yield self._flag_finding(ctx, by_flag, flags)
 
-    def _check_pair(self, ctx, module: HloModule, computation: Computation, index: int,
-                    start: Instruction, kind: str, flags) -> Finding | None:
+    def _exposed_pair(self, computation: Computation, index: int, start: Instruction, kind: str,
+                      heavy: _HeavyOps) -> _Pair | None:
+        """The pair of ``start`` when it overlaps nothing (synchronous, or no compute in between)."""
         order = computation.instructions
         done_index = _done_index(order, index, start)
         if done_index is None:
@@ -145,57 +227,127 @@ class SyncCollective(Rule):
         is_sync = bool(collective_config.get("is_sync") or config.get("is_sync"))
         window = [i for i in order[index + 1 : done_index] if _is_compute(i)]
         if window and not is_sync:
-            return None
+            return None  # it overlaps something; if only a little, there was no more to do
         independent = _independent_compute(computation, index, done_index)
-        if len(independent) < self.options.min_independent_ops:
-            return None  # nothing could hide it: the data dependencies, not the schedule
-        done = order[done_index]
-        examples = ", ".join(i.name for i in independent[:3])
-        if flags:
-            cause = "flag"
-            why = "; " + ", ".join(f"--{f}={_flag_text(v)}" for f, v, _ in flags) + " turns overlap off"
-        else:
-            cause = "schedule"
-            why = ""
-        head = (f"{kind} {start.name} is synchronous (is_sync)" if is_sync
-                else f"{kind} {start.name} .. {done.name} encloses no computation")
+        hideable = [i for i in independent if not heavy.constant_like(i, computation)]
+        work_bytes = sum(heavy.work(i, computation) for i in hideable)
+        collective_bytes = _collective_bytes(computation, start, order[done_index])
+        # XLA marks a pair is_sync when its own schedule found nothing worth overlapping: believe
+        # it unless the independent work is comparable to the collective. A pair merely left
+        # adjacent (no is_sync) is worth any matmul or loop.
+        enough = len(hideable) >= self.options.min_independent_ops and (
+            work_bytes >= self.options.min_work_fraction * collective_bytes
+            or (not is_sync and any(heavy.is_heavy(i) for i in hideable))
+        )
+        return _Pair(start, order[done_index], kind, is_sync, len(window), done_index - index,
+                     tuple(independent), tuple(hideable), enough, work_bytes, collective_bytes)
+
+    def _flag_finding(self, ctx: RuleContext, pairs: list[_Pair], flags: list[_Flag]) -> Finding:
+        """One finding for every collective the debug options made synchronous."""
+        pairs = sorted(pairs, key=lambda p: (p.start.position.line, p.start.name))
+        used = [f for f in flags if any(f.covers(p.kind) for p in pairs)]
+        spelled = ", ".join(f.spelled for f in used)
+        effects = "; ".join(f"{f.spelled} {f.effect}" for f in used)
+        names = [p.start.name for p in pairs]
+        could = [p for p in pairs if p.enough_work]
+        examples = "; ".join(
+            f"{p.start.name}: {_examples(p)}" for p in could[:3]
+        )
+        count = len(pairs)
         message = (
-            f"{head} although {len(independent)} independent op{'s' if len(independent) != 1 else ''} "
-            f"({examples}) could overlap it{why}"
+            f"{effects}: {count} collective{'s' if count != 1 else ''} in this module "
+            f"({', '.join(names)}) overlap{'s' if count == 1 else ''} no computation, and "
+            f"{len(could)} of them had independent work to hide behind ({examples}); "
+            f"the flag{'s' if len(used) != 1 else ''}, not the program, {'are' if len(used) != 1 else 'is'} "
+            f"to blame: remove {spelled}"
         )
         return self.finding(
             ctx,
             message,
-            instruction=start,
-            related=(done.name, *(i.name for i in independent[:5])),
-            suggestion=_flag_suggestion(flags[0][0]) if flags else Suggestion(
+            instruction=pairs[0].start,
+            related=tuple(dict.fromkeys(
+                [*names[1:], *(p.done.name for p in pairs)])),
+            suggestion=_flag_suggestion(used),
+            evidence={
+                "cause": "flag",
+                "flag": used[0].name,
+                "flags": [f.spelled for f in used],
+                "sync_starts": names,
+                "starts_with_independent_work": [p.start.name for p in could],
+                "is_sync": [p.start.name for p in pairs if p.is_sync],
+                "independent_compute_ops": {p.start.name: len(p.hideable) for p in pairs},
+            },
+        )
+
+    def _schedule_finding(self, ctx: RuleContext, pair: _Pair) -> Finding:
+        """A collective XLA's schedule left exposed although independent work existed."""
+        head = (f"XLA made {pair.kind} {pair.start.name} synchronous (is_sync)" if pair.is_sync
+                else f"{pair.kind} {pair.start.name} .. {pair.done.name} encloses no computation")
+        n = len(pair.hideable)
+        message = (
+            f"{head} although {n} independent op{'s' if n != 1 else ''} ({_examples(pair)}) "
+            "could overlap it; no debug option turns overlap off, so the schedule is to blame: "
+            "the program's data dependencies as XLA ordered them"
+        )
+        return self.finding(
+            ctx,
+            message,
+            instruction=pair.start,
+            related=(pair.done.name, *(i.name for i in pair.hideable[:5])),
+            suggestion=Suggestion(
                 summary=("Let the latency-hiding scheduler overlap it: keep async collectives on, and issue the "
                          "collective earlier or give it independent work (e.g. prefetch the next layer's all-gather)."),
                 jax='os.environ["XLA_FLAGS"] = "--xla_gpu_enable_latency_hiding_scheduler=true"',
                 torch_xla='os.environ["XLA_FLAGS"] = "--xla_gpu_enable_latency_hiding_scheduler=true"',
             ),
             evidence={
-                "cause": cause,
-                "is_sync": is_sync,
-                "ops_in_window": len(window),
-                "independent_compute_ops": len(independent),
-                "schedule_distance": done_index - index,
+                "cause": "schedule",
+                "is_sync": pair.is_sync,
+                "ops_in_window": pair.window,
+                "independent_compute_ops": n,
+                "independent_work_bytes": pair.work_bytes,
+                "collective_bytes": pair.collective_bytes,
+                "schedule_distance": pair.distance,
             },
         )
 
 
-def _overlap_flags(options: dict[str, object]) -> list[tuple[str, object, str]]:
+def _examples(pair: _Pair) -> str:
+    return ", ".join(i.name for i in pair.hideable[:3]) + (", ..." if len(pair.hideable) > 3 else "")
+
+
+def _overlap_flags(options: dict[str, object]) -> list[_Flag]:
     found = []
-    for flag, off_value, effect in _FLAGS:
-        if flag not in options:
+    for name, off_value, effect, kinds in _FLAGS:
+        if name not in options:
             continue
-        value = options[flag]
+        value = options[name]
         if off_value is None:
-            if value not in (None, "", [], False, 0):
-                found.append((flag, value, effect))
+            if value in (None, "", [], False, 0):
+                continue
+            values = _enum_values(value)
+            if not values:
+                continue
+            covered: set[str] = set()
+            for v in values:
+                listed = _DISABLE_VALUES.get(v, frozenset())
+                if listed is None:
+                    covered = None  # type: ignore[assignment]
+                    break
+                covered |= listed
+            found.append(_Flag(name, ",".join(values), effect,
+                               None if covered is None else frozenset(covered)))
         elif value == off_value or str(value).lower() == str(off_value).lower():
-            found.append((flag, value, effect))
+            found.append(_Flag(name, _flag_text(value), effect, kinds))
     return found
+
+
+def _enum_values(value: object) -> list[str]:
+    """``[ALLGATHER, ALLREDUCE]`` or ``"allgather,allreduce"`` -> lower case, in the usual order."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    names = {str(v).strip().lower() for v in items if str(v).strip() and str(v).strip().upper() != "NOOP"}
+    known = [v for v in _DISABLE_VALUES if v in names]
+    return known + sorted(names - set(known))
 
 
 def _flag_text(value: object) -> str:
@@ -206,12 +358,17 @@ def _flag_text(value: object) -> str:
     return str(value)
 
 
-def _flag_suggestion(flag: str) -> Suggestion:
-    if flag == "xla_gpu_disable_async_collectives":
-        code = 'os.environ["XLA_FLAGS"] = "--xla_gpu_disable_async_collectives="  # empty: all async'
-    else:
-        code = f'os.environ["XLA_FLAGS"] = "--{flag}=true"'
-    return Suggestion(summary=f"Remove --{flag} from XLA_FLAGS so collectives run asynchronously and overlap compute.",
+def _flag_suggestion(flags: list[_Flag]) -> Suggestion:
+    spelled = " ".join(f.spelled for f in flags)
+    fixes = []
+    for flag in flags:
+        if flag.name == "xla_gpu_disable_async_collectives":
+            fixes.append(f"--{flag.name}=")
+        else:
+            fixes.append(f"--{flag.name}=true")
+    code = f'os.environ["XLA_FLAGS"] = "{" ".join(fixes)}"  # or drop them: async is the default'
+    return Suggestion(summary=f"Remove {spelled} from XLA_FLAGS so collectives run asynchronously and overlap "
+                              "compute.",
                       jax=code, torch_xla=code)
 
 
@@ -233,6 +390,112 @@ def _is_compute(instruction: Instruction) -> bool:
     if opcode in _NOT_COMPUTE or opcode.endswith(("-start", "-done")) or opcode == "async-update":
         return False
     return collective_kind(instruction) is None
+
+
+def _collective_bytes(computation: Computation, start: Instruction, done: Instruction) -> int:
+    """The data a collective moves: the larger of its operands and its result."""
+    operands = 0
+    for name in start.operands:
+        operand = computation.get(name)
+        if operand is not None:
+            operands += operand.shape.byte_size
+    return max(operands, done.shape.byte_size)
+
+
+class _HeavyOps:
+    """Which ops are heavy (matmuls, loops, ...) and which only compute constants."""
+
+    def __init__(self, module: HloModule) -> None:
+        self.module = module
+        self._heavy_computation: dict[str, bool] = {}
+        self._constant: dict[tuple[str, str], bool] = {}
+        self._flops: dict[str, float] = {}
+
+    def is_heavy(self, instruction: Instruction) -> bool:
+        opcode = instruction.opcode
+        if opcode in _HEAVY:
+            return True
+        if opcode == "custom-call":
+            target = (instruction.attribute("custom_call_target") or "").lower()
+            return any(word in target for word in _HEAVY_CUSTOM_CALLS)
+        if opcode == "fusion":
+            return any(self._computation_heavy(name) for name in instruction.called_computations)
+        return False
+
+    def work(self, instruction: Instruction, computation: Computation) -> float:
+        """The op's work as bytes written; a matmul's FLOPs count at 300 per byte; loops: unbounded."""
+        opcode = instruction.opcode
+        if opcode in _LOOPS:
+            return float("inf")
+        written = float(instruction.shape.byte_size)
+        if opcode in ("dot", "convolution"):
+            return max(written, instruction_flops(instruction, computation) / _FLOPS_PER_BYTE)
+        if opcode == "custom-call" and self.is_heavy(instruction):
+            return max(written, _matmul_flops(instruction, computation) / _FLOPS_PER_BYTE)
+        if opcode == "fusion":
+            flops = sum(self._computation_flops(name) for name in instruction.called_computations)
+            return max(written, flops / _FLOPS_PER_BYTE)
+        return written
+
+    def _computation_flops(self, name: str) -> float:
+        known = self._flops.get(name)
+        if known is not None:
+            return known
+        self._flops[name] = 0.0
+        computation = self.module.computation(name)
+        total = 0.0
+        for inner in computation.instructions if computation is not None else ():
+            if inner.opcode in ("dot", "convolution"):
+                total += instruction_flops(inner, computation)
+            elif inner.opcode == "custom-call" and self.is_heavy(inner):
+                total += _matmul_flops(inner, computation)
+            elif inner.opcode == "fusion":
+                total += sum(self._computation_flops(n) for n in inner.called_computations)
+        self._flops[name] = total
+        return total
+
+    def _computation_heavy(self, name: str) -> bool:
+        known = self._heavy_computation.get(name)
+        if known is not None:
+            return known
+        self._heavy_computation[name] = False  # cycles: not heavy
+        computation = self.module.computation(name)
+        result = computation is not None and any(self.is_heavy(i) for i in computation.instructions)
+        self._heavy_computation[name] = result
+        return result
+
+    def constant_like(self, instruction: Instruction, computation: Computation) -> bool:
+        """Computed from constants and iotas only (a RoPE table, a zero broadcast): no real work."""
+        key = (computation.name, instruction.name)
+        known = self._constant.get(key)
+        if known is not None:
+            return known
+        self._constant[key] = False
+        if instruction.opcode == "parameter" or self.is_heavy(instruction):
+            result = False
+        elif instruction.opcode in ("constant", "iota"):
+            result = True
+        elif instruction.opcode == "fusion" or not instruction.called_computations:
+            result = all(
+                (operand := computation.get(name)) is not None and self.constant_like(operand, computation)
+                for name in instruction.operands
+            )
+        else:
+            result = False
+        self._constant[key] = result
+        return result
+
+
+def _matmul_flops(instruction: Instruction, computation: Computation) -> float:
+    """A library matmul's FLOPs from its shapes: 2 * sqrt(|A| |B| |C|) = 2 * batch * m * n * k."""
+    operands = [computation.get(name) for name in instruction.operands[:2]]
+    if len(operands) < 2 or any(o is None or o.shape.is_tuple for o in operands):
+        return 0.0
+    result = next(instruction.shape.leaves(), None)
+    if result is None:
+        return 0.0
+    a, b = (o.shape.num_elements for o in operands)  # type: ignore[union-attr]
+    return 2.0 * math.sqrt(float(a) * b * result.num_elements)
 
 
 def _independent_compute(computation: Computation, start_index: int, done_index: int) -> list[Instruction]:
