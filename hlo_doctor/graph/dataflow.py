@@ -163,6 +163,10 @@ class DataflowGraph:
     def downstream(self, key: NodeKey) -> set[NodeKey]:
         return _reach(key, self.nx.succ)
 
+    def downstream_of_any(self, keys: Iterable[NodeKey]) -> set[NodeKey]:
+        """Everything reachable from any of ``keys`` (one walk, not one per key)."""
+        return _reach_all(keys, self.nx.succ)
+
     # ---- entry parameters a value derives from ------------------------
     def entry_parameters(self, key: NodeKey) -> frozenset[int]:
         """Numbers of the entry parameters ``key``'s value derives from."""
@@ -178,8 +182,13 @@ class DataflowGraph:
 
 
 def _reach(start: NodeKey, adjacency) -> set[NodeKey]:
+    return _reach_all((start,), adjacency)
+
+
+def _reach_all(starts: Iterable[NodeKey], adjacency) -> set[NodeKey]:
+    """Nodes reachable (one or more steps) from any of ``starts``."""
     seen: set[NodeKey] = set()
-    stack = list(adjacency[start])
+    stack = [node for start in starts for node in adjacency[start]]
     while stack:
         node = stack.pop()
         if node not in seen:

@@ -84,10 +84,22 @@ class SnapshotLink:
 
 
 def _meta_key(instruction: Instruction) -> tuple | None:
+    """What identifies an op's origin: op_name and source location (None: no metadata)."""
+    cached = _META_KEYS.get(id(instruction), _MISSING)
+    if cached is not _MISSING and cached[0] is instruction:
+        return cached[1]
     metadata = instruction.metadata
-    if metadata is None or not (metadata.op_name or metadata.stack_frame_id or metadata.source_file):
-        return None
-    return (metadata.op_name, metadata.stack_frame_id, metadata.source_file, metadata.source_line)
+    key = None
+    if metadata is not None and (metadata.op_name or metadata.stack_frame_id or metadata.source_file):
+        key = (metadata.op_name, metadata.stack_frame_id, metadata.source_file, metadata.source_line)
+    _META_KEYS[id(instruction)] = (instruction, key)
+    return key
+
+
+# Memo of _meta_key during one link_modules call (cleared after it), keyed by
+# id() with the instruction kept alive so ids cannot be reused meanwhile.
+_META_KEYS: dict[int, tuple[Instruction, tuple | None]] = {}
+_MISSING = object()
 
 
 def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
@@ -118,22 +130,35 @@ def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
             for na, nb in zip(called_a, called_b):
                 if na in a_comps and nb in b_comps and nb not in seen:
                     queue.append((a_comps[na], b_comps[nb]))
-    _attribute_inserted(link)
+    try:
+        _attribute_inserted(link)
+    finally:
+        _META_KEYS.clear()
     return link
 
 
 def _link_computation(link: SnapshotLink, ca: Computation, cb: Computation) -> None:
-    by_meta: dict[tuple, list[Instruction]] = defaultdict(list)
+    # Candidates are grouped by what must agree: opcode (a custom-call may
+    # become a copy), metadata, element type and rank, each group in program order.
+    groups: dict[tuple, list[Instruction]] = defaultdict(list)
     a_params = {}
+    position = {ia.name: n for n, ia in enumerate(ca.instructions)}
+    # (operand name, group) -> users of that operand in that group
+    users_in_a: dict[tuple[str, tuple], list[Instruction]] = defaultdict(list)
     for ia in ca.instructions:
         if ia.opcode == "parameter":
             a_params[ia.parameter_number] = ia
-        key = _meta_key(ia)
-        by_meta[(ia.opcode, key)].append(ia)
+        meta = _meta_key(ia)
+        keys = [(ia.opcode, meta, ia.shape.element_type, ia.shape.rank)]
         if ia.opcode == "custom-call":
-            by_meta[("copy", key)].append(ia)
+            keys.append(("copy", meta, ia.shape.element_type, ia.shape.rank))
+        for key in keys:
+            groups[key].append(ia)
+            for operand in ia.operands:
+                users_in_a[(operand, key)].append(ia)
+    first_unused: dict[tuple, int] = defaultdict(int)  # per group: index of its first unused candidate
+    users_start: dict[tuple, int] = defaultdict(int)  # per (operand, group): same, in users_in_a
     used: set[str] = set()
-    a_users_operands = {ia.name: set(ia.operands) for ia in ca.instructions}
 
     def nearest_matched(name: str, depth: int = 0) -> set[str]:
         key = (cb.name, name)
@@ -156,37 +181,52 @@ def _link_computation(link: SnapshotLink, ca: Computation, cb: Computation) -> N
             same = ca.get(ib.name)
             if same is not None and same.name not in used and same.opcode == ib.opcode:
                 chosen = same
-        if chosen is None:
-            meta = _meta_key(ib)
-            candidates = [
-                c
-                for c in by_meta.get((ib.opcode, meta), ())
-                if c.name not in used
-                and c.shape.element_type == ib.shape.element_type
-                and c.shape.rank == ib.shape.rank
-            ]
-            if meta is None:
-                candidates = []  # no metadata: inserted (constants, partition-id ...)
-            if candidates:
-                wanted: set[str] = set()
-                for operand in ib.operands:
-                    wanted |= nearest_matched(operand)
-                best = max(
-                    candidates,
-                    key=lambda c: (len(a_users_operands[c.name] & wanted), -ca.instructions.index(c)),
-                )
-                if ib.operands and wanted and not (a_users_operands[best.name] & wanted):
+        meta = _meta_key(ib) if chosen is None else None
+        if chosen is None and meta is not None:  # no metadata: inserted (constants, partition-id ...)
+            group_key = (ib.opcode, meta, ib.shape.element_type, ib.shape.rank)
+            wanted: set[str] = set()
+            for operand in ib.operands:
+                wanted |= nearest_matched(operand)
+            # Candidates that use one of the matched operands, most shared operands first,
+            # then program order; without any, the first unused one of the group.
+            sharing: dict[str, int] = defaultdict(int)
+            for name in wanted:
+                # The first few unused users in program order are enough: an
+                # operand shared by thousands of ops (a constant) must not make
+                # this quadratic.
+                users = users_in_a.get((name, group_key), ())
+                start = users_start[(name, group_key)]
+                while start < len(users) and users[start].name in used:
+                    start += 1
+                users_start[(name, group_key)] = start
+                taken = 0
+                for c in users[start:]:
+                    if c.name not in used:
+                        sharing[c.name] += 1
+                        taken += 1
+                        if taken == _USERS_CONSIDERED:
+                            break
+            if sharing:
+                chosen = ca.get(min(sharing, key=lambda n: (-sharing[n], position[n])))
+            else:
+                group = groups.get(group_key, [])
+                start = first_unused[group_key]
+                while start < len(group) and group[start].name in used:
+                    start += 1
+                first_unused[group_key] = start
+                candidate = group[start] if start < len(group) else None
+                if candidate is not None and ib.operands and wanted and ib.opcode in _INSERTED_OPCODES:
                     # Same metadata but none of the operands agree: e.g. an
-                    # inserted all-gather next to its dot. Keep it inserted
-                    # unless this opcode has no other chance.
-                    if ib.opcode in _INSERTED_OPCODES:
-                        best = None
-                chosen = best
+                    # inserted all-gather next to its dot. Keep it inserted.
+                    candidate = None
+                chosen = candidate
         if chosen is not None:
             used.add(chosen.name)
             link.forward[(ca.name, chosen.name)] = (cb.name, ib.name)
             link.backward[(cb.name, ib.name)] = (ca.name, chosen.name)
 
+
+_USERS_CONSIDERED = 8
 
 _INSERTED_OPCODES = frozenset(
     {

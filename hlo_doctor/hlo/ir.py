@@ -704,19 +704,23 @@ class HloModule:
     attributes: tuple[tuple[str, str], ...] = ()
     frame_tables: StackFrameTables | None = field(default=None, compare=False, repr=False)
     path: str | None = None
+    by_name: Mapping[str, Computation] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.by_name and self.computations:
+            object.__setattr__(self, "by_name", {c.name: c for c in reversed(self.computations)})
 
     @property
     def entry(self) -> Computation | None:
+        if self.entry_name is not None and self.entry_name in self.by_name:
+            return self.by_name[self.entry_name]
         for computation in self.computations:
-            if computation.name == self.entry_name or computation.is_entry:
+            if computation.is_entry:
                 return computation
         return self.computations[-1] if self.computations else None
 
     def computation(self, name: str) -> Computation | None:
-        for computation in self.computations:
-            if computation.name == name:
-                return computation
-        return None
+        return self.by_name.get(name)
 
     def attribute(self, key: str) -> str | None:
         for name, value in self.attributes:

@@ -14,11 +14,20 @@ from pathlib import Path
 
 
 def local_path(recorded: str, base: Path | None = None) -> Path | None:
-    """The file (or folder) on this machine that ``recorded`` names, or None."""
+    """The file (or folder) on this machine that ``recorded`` names, or None.
+
+    A path below ``base`` is taken as it is; otherwise the longest tail of it
+    found below ``base`` wins over the recorded path itself (another checkout
+    of the same files may exist on this machine).
+    """
     path = Path(recorded)
-    if path.exists():
-        return path
-    base = base or Path.cwd()
+    base = (base or Path.cwd()).resolve()
+    if path.is_absolute() and path.exists():
+        try:
+            path.resolve().relative_to(base)
+            return path
+        except ValueError:
+            pass
     parts = path.parts[1:] if path.is_absolute() else path.parts
     # Tails of at least two parts (folder/file), so a bare file name never
     # matches an unrelated file of the same name.
@@ -26,7 +35,7 @@ def local_path(recorded: str, base: Path | None = None) -> Path | None:
         candidate = base.joinpath(*parts[start:])
         if candidate.exists():
             return candidate
-    return None
+    return path if path.exists() else None
 
 
 def relative_path(recorded: str, base: Path | None = None) -> str:

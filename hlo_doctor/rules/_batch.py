@@ -200,9 +200,7 @@ def _propagate(graph: DataflowGraph, seeds: dict[NodeKey, Pairs], *, through_dot
     pred = graph.nx.pred
     succ = graph.nx.succ
     # Only values downstream of a seed can carry pairs.
-    reach: set[NodeKey] = set(seeds)
-    for seed in seeds:
-        reach |= graph.downstream(seed)
+    reach: set[NodeKey] = set(seeds) | graph.downstream_of_any(seeds)
     order = [k for c in graph.module.computations for k in ((c.name, i.name) for i in c.instructions) if k in reach]
     queue: deque[NodeKey] = deque(order)
     queued = set(order)
