@@ -1,0 +1,78 @@
+"""Whole analysis against XLA's C++ parser on the same dump.
+
+    python benchmarks/analyze_speed.py [DUMP]
+
+DUMP defaults to ``benchmarks/_data/big`` (made by ``make_big_module.py``:
+an unrolled llama-like train step; its snapshots add up to about 60 MB).
+In one fresh child process, ``analyze_dump`` runs every registered rule
+over every snapshot it needs; in another, XLA's C++ parser
+(``jaxlib._hlo.hlo_module_from_text``) only parses every HLO snapshot of
+the folder. Prints both times, the ratio, and where the analysis spends its
+time per rule (``--per-rule``). Not a test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT = Path(__file__).parent / "_data" / "big"
+
+ANALYZE = r"""
+import json, sys, time
+from hlo_doctor.analysis import analyze_dump
+select = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
+start = time.perf_counter()
+report = analyze_dump(sys.argv[1], select=select)
+print(json.dumps({"seconds": time.perf_counter() - start, "findings": len(report.findings),
+                  "errors": len(report.errors)}))
+"""
+
+CPP = r"""
+import json, sys, time
+from pathlib import Path
+from jaxlib import _hlo
+files = [p for p in sorted(Path(sys.argv[1]).glob("*.txt"))
+         if "buffer-assignment" not in p.name and "memory-usage" not in p.name and "live-range" not in p.name]
+texts = [p.read_text() for p in files]
+start = time.perf_counter()
+for text in texts:
+    _hlo.hlo_module_from_text(text)
+print(json.dumps({"seconds": time.perf_counter() - start, "files": len(files),
+                  "megabytes": sum(len(t) for t in texts) / 1e6}))
+"""
+
+
+def child(code: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dump", nargs="?", type=Path, default=DEFAULT)
+    parser.add_argument("--per-rule", action="store_true", help="also time each rule alone")
+    args = parser.parse_args()
+    if not args.dump.is_dir():
+        subprocess.run([sys.executable, str(Path(__file__).parent / "make_big_module.py"), "--out", str(args.dump)],
+                       check=True)
+    cpp = child(CPP, str(args.dump))
+    ours = child(ANALYZE, str(args.dump), "")
+    print(f"dump: {args.dump} ({cpp['files']} HLO snapshots, {cpp['megabytes']:.1f} MB)")
+    print(f"XLA C++ parser, parse only      {cpp['seconds']:7.2f} s")
+    print(f"hlo-doctor analyze (all rules)  {ours['seconds']:7.2f} s  ({ours['findings']} findings)")
+    print(f"ratio (analysis / C++ parse, <=1 is the target): {ours['seconds'] / cpp['seconds']:.2f}")
+    if args.per_rule:
+        from hlo_doctor.rules import discover
+
+        for rule_id in discover().ids():
+            alone = child(ANALYZE, str(args.dump), rule_id)
+            print(f"  {rule_id:28s} {alone['seconds']:7.2f} s alone (parsing included)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
