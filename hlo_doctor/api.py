@@ -229,9 +229,13 @@ def _meshes_of(args: Any) -> list[dict[str, Any]]:
 
 
 def _write_sidecar(dump: Path, args: Any, partitioner: str, devices_per_host: int | None) -> None:
-    from hlo_doctor.runner.sidecar import SCHEMA_VERSION, SIDECAR_NAME, installed_versions
-
     import jax
+
+    from hlo_doctor.runner.sidecar import (
+        SCHEMA_VERSION,
+        SIDECAR_NAME,
+        installed_versions,
+    )
 
     meshes = _meshes_of(args)
     record = {

@@ -95,9 +95,27 @@ from hlo_doctor.hlo.ir import (
     ShardingKind,
     SourceLocation,
 )
-from hlo_doctor.rules._suggest import constraint_code, jax_spec, parameter_code, torch_spec
-from hlo_doctor.rules.base import Finding, NoOptions, Rule, RuleSkipped, Severity, SourceRef, Suggestion
-from hlo_doctor.rules.context import AnalysisOptions, RuleContext, short_path, user_frame
+from hlo_doctor.rules._suggest import (
+    constraint_code,
+    jax_spec,
+    parameter_code,
+    torch_spec,
+)
+from hlo_doctor.rules.base import (
+    Finding,
+    NoOptions,
+    Rule,
+    RuleSkipped,
+    Severity,
+    SourceRef,
+    Suggestion,
+)
+from hlo_doctor.rules.context import (
+    AnalysisOptions,
+    RuleContext,
+    short_path,
+    user_frame,
+)
 from hlo_doctor.rules.docs import missing_sections, rule_markdown
 from hlo_doctor.rules.registry import GROUP
 from hlo_doctor.rules.versioning import API_VERSION, satisfies

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 from hlo_doctor.cli import main
 from hlo_doctor.dump import folder as folder_module
-
 from tests.test_dump import make_jax_dumps
 
 

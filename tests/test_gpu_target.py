@@ -15,7 +15,13 @@ from click.testing import CliRunner
 from hlo_doctor.dump import FileKind, Role, load_dump, parse_file_name
 from hlo_doctor.dump.options import CompileOptions
 from hlo_doctor.dump.textproto import parse_textproto
-from hlo_doctor.runner import build_env, read_sidecar, run_example, run_script, trim_dump
+from hlo_doctor.runner import (
+    build_env,
+    read_sidecar,
+    run_example,
+    run_script,
+    trim_dump,
+)
 from hlo_doctor.runner.cli import run_command
 from hlo_doctor.runner.targets import (
     CONFIG_DIR,

@@ -19,7 +19,13 @@ from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.cli import main
 from hlo_doctor.rules import registry as registry_module
 from hlo_doctor.rules.versioning import API_VERSION, api_version_problem, satisfies
-from hlo_doctor.testing import assert_case, builtin_rule_ids, find_cases, load_case, run_case
+from hlo_doctor.testing import (
+    assert_case,
+    builtin_rule_ids,
+    find_cases,
+    load_case,
+    run_case,
+)
 from tests import plugin_fakes
 
 ROOT = Path(__file__).resolve().parents[1]

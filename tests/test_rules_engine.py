@@ -10,6 +10,7 @@ import pytest
 
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.errors import InputError
+from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.rules import (
     Finding,
     Registry,
@@ -19,7 +20,6 @@ from hlo_doctor.rules import (
     Severity,
     discover,
 )
-from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.rules.docs import missing_sections
 from hlo_doctor.rules.hardware import bundled_profiles, load_profile
 from hlo_doctor.testing import finding_key

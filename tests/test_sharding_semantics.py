@@ -11,7 +11,6 @@ import pytest
 from hlo_doctor.graph.sharding import (
     canonicalize,
     device_groups,
-    device_tile_indices,
     layout,
     layouts,
     replication_factor,

@@ -15,8 +15,19 @@ from hlo_doctor.dump.folder import (
     load_dump,
     role_of,
 )
-from hlo_doctor.dump.mlir import MlirInfo, MlirValue, SdyMesh, parse_meshes, parse_mlir_info
-from hlo_doctor.dump.names import DumpFileName, FileKind, parse_file_name, parse_module_dir_name
+from hlo_doctor.dump.mlir import (
+    MlirInfo,
+    MlirValue,
+    SdyMesh,
+    parse_meshes,
+    parse_mlir_info,
+)
+from hlo_doctor.dump.names import (
+    DumpFileName,
+    FileKind,
+    parse_file_name,
+    parse_module_dir_name,
+)
 from hlo_doctor.dump.options import CompileOptions, DeviceAssignment, Topology
 from hlo_doctor.dump.textproto import Message, TextprotoError, parse_textproto
 

@@ -140,7 +140,11 @@ def diff_command(before, after, output_format, output, max_comm_increase, device
     --max-comm-increase percent; 0 otherwise; 2 on input errors.
     """
     from hlo_doctor.gate.diff import diff_dumps
-    from hlo_doctor.report.diff import render_diff_json, render_diff_markdown, render_diff_text
+    from hlo_doctor.report.diff import (
+        render_diff_json,
+        render_diff_markdown,
+        render_diff_text,
+    )
 
     config = effective_config(config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host)
     diff = diff_dumps(

@@ -17,8 +17,6 @@ import re
 from collections.abc import Iterable
 
 from hlo_doctor.hlo import fast_path
-from hlo_doctor.hlo.errors import ParseError
-from hlo_doctor.hlo.lexer import NAME, SPACE, STRING, Scanner, unescape
 from hlo_doctor.hlo.ir import (
     ELEMENT_BITS,
     Computation,
@@ -29,6 +27,7 @@ from hlo_doctor.hlo.ir import (
     Shape,
     StackFrameTables,
 )
+from hlo_doctor.hlo.lexer import NAME, SPACE, Scanner, unescape
 from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 

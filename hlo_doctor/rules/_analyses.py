@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Iterator
 
-from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Shape
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.rules.context import COLLECTIVE_KINDS
 
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')

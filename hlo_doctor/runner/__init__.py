@@ -8,7 +8,11 @@ changed), writes ``hlo_doctor_run.json`` next to the dump and trims the dump. Wi
 that cluster on the CPU instead of run.
 """
 
-from hlo_doctor.runner.detect import FrameworkError, detect_framework, normalize_framework
+from hlo_doctor.runner.detect import (
+    FrameworkError,
+    detect_framework,
+    normalize_framework,
+)
 from hlo_doctor.runner.environment import build_env
 from hlo_doctor.runner.flags import merge_xla_flags, parse_xla_flags
 from hlo_doctor.runner.run import RunError, RunResult, run_example, run_script

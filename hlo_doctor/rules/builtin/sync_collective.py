@@ -7,7 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
-from hlo_doctor.rules._analyses import backend_config_json, collective_kind, instruction_flops
+from hlo_doctor.rules._analyses import (
+    backend_config_json,
+    collective_kind,
+    instruction_flops,
+)
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 
