@@ -119,8 +119,10 @@ from hlo_doctor.rules.context import (
 from hlo_doctor.rules.docs import missing_sections, rule_markdown
 from hlo_doctor.rules.registry import GROUP
 from hlo_doctor.rules.versioning import API_VERSION, satisfies
+from hlo_doctor.units import format_bytes
 
 __all__ = [
+    "format_bytes",
     # versioning and registration
     "API_VERSION",
     "GROUP",

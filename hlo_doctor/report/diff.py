@@ -8,10 +8,7 @@ from typing import Any
 
 from hlo_doctor.gate.diff import DumpDiff
 from hlo_doctor.report.json import finding_to_dict
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+from hlo_doctor.units import format_bytes
 
 
 def _pct(before: int, after: int) -> str:
@@ -76,8 +73,8 @@ def render_diff_text(diff: DumpDiff) -> str:
             for kind, (b, a) in m.collectives.items():
                 lines.append(
                     f"  {kind:<22}{b.count:>5} -> {a.count:<5}  "
-                    f"{_mib(b.bytes_per_device):>11} -> {_mib(a.bytes_per_device):<11} {_pct(b.bytes_per_device, a.bytes_per_device):>4}  "
-                    f"{_mib(b.cross_host_bytes):>11} -> {_mib(a.cross_host_bytes):<11}"
+                    f"{format_bytes(b.bytes_per_device):>11} -> {format_bytes(a.bytes_per_device):<11} {_pct(b.bytes_per_device, a.bytes_per_device):>4}  "
+                    f"{format_bytes(b.cross_host_bytes):>11} -> {format_bytes(a.cross_host_bytes):<11}"
                 )
         else:
             lines.append("  no collectives")
@@ -93,7 +90,7 @@ def render_diff_text(diff: DumpDiff) -> str:
             lines.append(f"  parameter {p.number} ({p.name} {p.shape}) sharding: {p.before} -> {p.after}")
     lines.append("")
     lines.append(
-        f"collective bytes per device: {_mib(diff.bytes_before)} -> {_mib(diff.bytes_after)} "
+        f"collective bytes per device: {format_bytes(diff.bytes_before)} -> {format_bytes(diff.bytes_after)} "
         f"({_pct(diff.bytes_before, diff.bytes_after)}); findings: +{len(diff.added)} -{len(diff.removed)}"
     )
     for error in diff.errors:
@@ -103,7 +100,7 @@ def render_diff_text(diff: DumpDiff) -> str:
 
 def render_diff_markdown(diff: DumpDiff) -> str:
     lines = [
-        f"### hlo-doctor diff: collective bytes per device {_mib(diff.bytes_before)} -> {_mib(diff.bytes_after)} "
+        f"### hlo-doctor diff: collective bytes per device {format_bytes(diff.bytes_before)} -> {format_bytes(diff.bytes_after)} "
         f"({_pct(diff.bytes_before, diff.bytes_after)}), findings +{len(diff.added)} -{len(diff.removed)}",
         "",
     ]
@@ -111,8 +108,8 @@ def render_diff_markdown(diff: DumpDiff) -> str:
         lines += [f"**{m.name}**", "", "| collective | count | bytes/device | cross-host bytes |", "| --- | --- | --- | --- |"]
         for kind, (b, a) in m.collectives.items():
             lines.append(
-                f"| `{kind}` | {b.count} → {a.count} | {_mib(b.bytes_per_device)} → {_mib(a.bytes_per_device)} "
-                f"({_pct(b.bytes_per_device, a.bytes_per_device)}) | {_mib(b.cross_host_bytes)} → {_mib(a.cross_host_bytes)} |"
+                f"| `{kind}` | {b.count} → {a.count} | {format_bytes(b.bytes_per_device)} → {format_bytes(a.bytes_per_device)} "
+                f"({_pct(b.bytes_per_device, a.bytes_per_device)}) | {format_bytes(b.cross_host_bytes)} → {format_bytes(a.cross_host_bytes)} |"
             )
         lines.append("")
         for detail in m.collectives_removed:

@@ -21,6 +21,7 @@ from hlo_doctor.rules._batch import (
 from hlo_doctor.rules._suggest import constraint_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.units import format_bytes
 
 _DOTS = ("dot", "convolution")
 
@@ -191,14 +192,14 @@ class ActivationAllGather(Rule):
         spec[min(target_batch, rank - 1)] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
         if weights["sharded"]:
-            alternative = (f"gathering the weight {weights['names']} ({_mib(weights['bytes'])} in all) instead "
+            alternative = (f"gathering the weight {weights['names']} ({format_bytes(weights['bytes'])} in all) instead "
                            "would keep batch parallelism")
         else:
             alternative = (f"the weight {weights['names']} is not sharded, so a batch-sharded {dot.name} "
                            "would need no communication at all")
         message = (
             f"all-gather {collective.instruction} {what}: each device receives {out_shape} "
-            f"({_mib(collective.bytes_out_per_device)}, {_mib(collective.wire_bytes_per_device)} over the wire) "
+            f"({format_bytes(collective.bytes_out_per_device)}, {format_bytes(collective.wire_bytes_per_device)} over the wire) "
             f"over {group_axes}, and {dot.name} then multiplies the whole batch; {alternative}"
         )
         if kind == "batch":
@@ -293,5 +294,3 @@ def _weight_summary(ctx: RuleContext, analysis: BatchAnalysis, params: list[int]
     return {"names": ", ".join(names) or "?", "bytes": total, "sharded": sharded}
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.2f} MiB"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles
+from hlo_doctor.units import format_bytes
 
 # after-optimizations backend prefix -> bundled profile
 _BACKENDS = {"sm_9.0a_gpu": "h100", "sm_90a_gpu": "h100", "sm_9.0_gpu": "h100", "sm_8.0_gpu": "a100"}
@@ -117,7 +118,7 @@ class CommunicationBound(Rule):
         machine = hardware.peak_bf16_flops / hardware.intra_host_bandwidth
         message = (
             f"on {hardware.name}, collectives take an estimated {fraction:.0%} of the step: "
-            f"{_us(comm)} to send {_mib(total_bytes)} per device in {len(collectives)} collectives vs "
+            f"{_us(comm)} to send {format_bytes(total_bytes)} per device in {len(collectives)} collectives vs "
             f"{_us(compute)} for {flops / 1e9:.3g} GFLOP of matmuls ({intensity:.0f} FLOP per byte sent; "
             f"the hardware needs about {machine:.0f}); the largest is {top.kind} {top.instruction} ({_us(top_time)})"
         )
@@ -160,5 +161,3 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.2f} MiB"

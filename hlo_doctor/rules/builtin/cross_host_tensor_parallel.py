@@ -10,6 +10,7 @@ from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Instruction
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.units import format_bytes
 
 # Mesh axis names that mean "the batch is split over this axis" (data parallel / FSDP).
 BATCH_AXIS_NAMES = frozenset({"data", "dp", "ddp", "batch", "fsdp", "replica", "dcn", "zero"})
@@ -151,7 +152,7 @@ class CrossHostTensorParallel(Rule):
         message = (
             f"{top.kind} {top.instruction} over {axis_text} carries an activation between devices "
             f"{groups_text} on different hosts ({per_host_text}): tensor-parallel traffic "
-            f"({_mib(top.wire_bytes_per_device)} sent per device) goes over the inter-host network"
+            f"({format_bytes(top.wire_bytes_per_device)} sent per device) goes over the inter-host network"
         )
         if len(ops) > 1:
             message += f", as do {len(ops) - 1} more collective{'s' if len(ops) > 2 else ''} over the same axes"
@@ -303,7 +304,3 @@ def _tuple(values: Sequence[int]) -> str:
     return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
 
 
-def _mib(nbytes: float) -> str:
-    if nbytes < 2**20:
-        return f"{nbytes / 2**10:.0f} KiB"
-    return f"{nbytes / 2**20:.2f} MiB"

@@ -12,6 +12,7 @@ from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._suggest import parameter_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.units import format_bytes
 
 _DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
@@ -121,9 +122,9 @@ class ReplicatedLargeParameter(Rule):
         examples = ", ".join(_display_name(p) for p, _ in sharded[:3])
         anchor = _partitioned_param(ctx, param) or param
         message = (
-            f"parameter {name} ({shape}, {_mib(shape.byte_size)}) is replicated on all {ctx.num_partitions} devices "
+            f"parameter {name} ({shape}, {format_bytes(shape.byte_size)}) is replicated on all {ctx.num_partitions} devices "
             f"while {len(sharded)} comparable parameter{'s are' if len(sharded) != 1 else ' is'} sharded "
-            f"({examples}); sharding it {shard_count} ways would save {_mib(shape.byte_size - per_device)} per device"
+            f"({examples}); sharding it {shard_count} ways would save {format_bytes(shape.byte_size - per_device)} per device"
         )
         if dim is None:
             summary = (f"Shard {name} over {'/'.join(axis_names)}: no dimension divides by {shard_count}, "
@@ -224,5 +225,3 @@ def _identifier(name: str) -> str:
     return cleaned if cleaned and not cleaned[0].isdigit() else "param"
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"

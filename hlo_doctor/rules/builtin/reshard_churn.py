@@ -10,6 +10,7 @@ from hlo_doctor.hlo.ir import Computation, Instruction
 from hlo_doctor.rules._suggest import constraint_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.units import format_bytes
 
 # Ops that only relabel a value's layout (the partitioner wraps all-to-alls in them).
 _LAYOUT = frozenset({"reshape", "transpose", "bitcast", "copy"})
@@ -183,7 +184,7 @@ class ReshardChurn(Rule):
             )
         if extra:
             message += f"; {len(extra)} all-gather{'s' if len(extra) != 1 else ''} of the same value add to it"
-        message += f": {_mib(reshard_bytes + gather_bytes)} sent per device per step for nothing"
+        message += f": {format_bytes(reshard_bytes + gather_bytes)} sent per device per step for nothing"
         constraint = _constraint_before(first)
         source_from = constraint if constraint is not None and ctx.user_source(constraint)[0] is not None else None
         if source_from is None:
@@ -425,7 +426,3 @@ def _dims(dims: tuple[int, ...]) -> str:
     return "[" + ",".join(map(str, dims)) + "]"
 
 
-def _mib(nbytes: float) -> str:
-    if nbytes < 2**20:
-        return f"{nbytes / 2**10:.0f} KiB"
-    return f"{nbytes / 2**20:.2f} MiB"

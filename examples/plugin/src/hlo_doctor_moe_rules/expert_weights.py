@@ -18,6 +18,7 @@ from hlo_doctor.plugin import (
     Severity,
     Suggestion,
     dim_axes,
+    format_bytes,
     jax_spec,
     layout,
     parameter_code,
@@ -141,7 +142,7 @@ class ExpertWeightsNotExpertSharded(Rule):
         message = (
             f"expert weight {name} ({shape}, {experts} experts) is {current}: its experts dim 0 is not split "
             f"over the expert axis '{axis}' ({mesh.axis_size(axis)}); {detail} "
-            f"({_mib(now)} per device, {_mib(fixed_bytes)} if expert-sharded)"
+            f"({format_bytes(now)} per device, {format_bytes(fixed_bytes)} if expert-sharded)"
         )
         jax_code, torch_code = parameter_code(fixed, _identifier(name))
         return self.finding(
@@ -229,5 +230,3 @@ def _identifier(name: str) -> str:
     return cleaned if cleaned and not cleaned[0].isdigit() else "w"
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
