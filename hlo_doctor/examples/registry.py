@@ -102,6 +102,12 @@ EXAMPLES: tuple[Example, ...] = (
         HEALTHY, devices=4, scripts=_jax("llama_fsdp"),
     ),
     Example(
+        "fsdpv2-torch-xla",
+        "healthy: the seed's MLP trained with torch_xla's FSDPv2 wrapper (the report's recommended fix)",
+        HEALTHY, devices=4, scripts={"torch_xla": "fsdpv2_torch_xla.py"},
+        reference="https://github.com/pytorch/xla/issues/6778",
+    ),
+    Example(
         "llama-2d",
         "healthy: llama-like decoder on a (fsdp=4, tp=2) mesh, Megatron-style tensor parallelism",
         HEALTHY, devices=8, devices_per_host=8, scripts=_jax("llama_2d"),
