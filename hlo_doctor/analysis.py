@@ -9,6 +9,7 @@ parse or crashes an analysis is reported in ``errors``; the others go on.
 from __future__ import annotations
 
 import fnmatch
+import gc
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,7 +77,32 @@ class Report:
         return render_text(self, color=False, width=100).rstrip("\n")
 
 
-def analyze_dump(
+def analyze_dump(path: str | os.PathLike[str], **options: Any) -> Report:
+    """Analyze the dump at ``path`` with the registered rules.
+
+    Options: ``select``/``ignore`` choose rules by id; ``rule_options`` sets
+    option fields per rule id; ``ignore_ops`` drops findings whose op_name
+    matches one of these globs; ``hardware`` is a bundled profile name, a
+    JSON file or a :class:`HardwareProfile`; ``devices_per_host``,
+    ``verbose``, ``registry`` and ``progress`` as in :func:`_analyze`.
+    Raises :class:`InputError` for an unusable dump, an unknown rule id or
+    hardware, or bad rule options.
+
+    The parsed IR of a big dump is millions of long-lived objects without
+    reference cycles: the cyclic garbage collector, triggered by the
+    analyses' many small allocations, would rescan all of them again and
+    again, so it is paused for the run (and works as usual afterwards).
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze(path, **options)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _analyze(
     path: str | os.PathLike[str],
     *,
     select: Iterable[str] | None = None,
@@ -89,14 +115,7 @@ def analyze_dump(
     progress: Progress | None = None,
     ignore_ops: Iterable[str] = (),
 ) -> Report:
-    """Analyze the dump at ``path`` with the registered rules.
-
-    ``select``/``ignore`` choose rules by id; ``rule_options`` sets option
-    fields per rule id; ``ignore_ops`` drops findings whose op_name matches
-    one of these globs; ``hardware`` is a bundled profile name, a JSON file
-    or a :class:`HardwareProfile`. Raises :class:`InputError` for an
-    unusable dump, an unknown rule id or hardware, or bad rule options.
-    """
+    """:func:`analyze_dump`'s work, with the garbage collector paused."""
     registry = registry or discover()
     try:
         chosen = select_rules(registry, select, ignore)

@@ -203,6 +203,7 @@ def find_collectives(
                     wrapped_roots.add(inner)
 
     out: list[Collective] = []
+    memo: dict = {}  # replica groups repeat across a module's collectives
     for computation in hlo_module.computations:
         users: dict[str, list[Instruction]] | None = None
         for instruction in computation.instructions:
@@ -212,7 +213,7 @@ def find_collectives(
                     continue
                 found = _describe(
                     instruction, instruction, computation, computation, Form.SYNC, None,
-                    num_replicas, num_partitions, device_map, mesh,
+                    num_replicas, num_partitions, device_map, mesh, memo=memo,
                 )
             elif opcode in _START_DONE:
                 kind, done_opcode = _START_DONE[opcode]
@@ -220,7 +221,7 @@ def find_collectives(
                 done = _follow(users, instruction, {done_opcode})
                 found = _describe(
                     instruction, instruction, computation, computation, Form.START_DONE, done,
-                    num_replicas, num_partitions, device_map, mesh, kind=kind,
+                    num_replicas, num_partitions, device_map, mesh, kind=kind, memo=memo,
                 )
             elif opcode == "async-start":
                 inner = _wrapped_collective(hlo_module, instruction)
@@ -234,7 +235,7 @@ def find_collectives(
                 done = _follow(users, instruction, {"async-done"})
                 found = _describe(
                     op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
-                    num_replicas, num_partitions, device_map, mesh,
+                    num_replicas, num_partitions, device_map, mesh, memo=memo,
                 )
             else:
                 continue
@@ -280,6 +281,37 @@ def _follow(users: dict[str, list[Instruction]], start: Instruction, done_opcode
     return None
 
 
+def _group_facts(
+    op: Instruction,
+    kind: str,
+    mode: GroupMode,
+    num_replicas: int,
+    num_partitions: int,
+    device_map: DeviceMap | None,
+    mesh: Mesh | None,
+) -> tuple:
+    """Groups (logical, physical), group size, host crossing and mesh axes of one op's groups."""
+    if kind == "collective-permute":
+        pairs = op.source_pairs or ()
+        groups = _permute_groups(pairs, mode, num_replicas, num_partitions)
+    else:
+        replica_groups = op.replica_groups
+        raw = replica_groups.groups() if replica_groups is not None else ()
+        groups = participant_groups(raw, mode, num_replicas, num_partitions)
+    group_size = max((len(g) for g in groups), default=1)
+    if kind == "collective-permute":
+        group_size = 2 if groups else 1
+    physical = tuple(device_map.physical(g) for g in groups) if device_map is not None else None
+    crosses: bool | None = None
+    if device_map is not None:
+        spans = [device_map.spans_hosts(g) for g in groups]
+        crosses = None if any(s is None for s in spans) else any(spans)
+    axes: tuple[str, ...] | None = None
+    if mesh is not None and num_replicas == 1:
+        axes = _permute_axes(mesh, groups) if kind == "collective-permute" else mesh.axes_for_groups(groups)
+    return groups, group_size, physical, crosses, axes
+
+
 def _describe(
     op: Instruction,
     outer: Instruction,
@@ -293,35 +325,21 @@ def _describe(
     mesh: Mesh | None,
     *,
     kind: str | None = None,
+    memo: dict | None = None,
 ) -> Collective:
     kind = kind or op.opcode
     channel_id = op.channel_id
     global_ids = (op.attribute("use_global_device_ids") or "").strip() == "true"
     mode = group_mode(kind, channel_id, global_ids)
 
-    if kind == "collective-permute":
-        pairs = op.source_pairs or ()
-        groups = _permute_groups(pairs, mode, num_replicas, num_partitions)
-    else:
-        replica_groups = op.replica_groups
-        raw = replica_groups.groups() if replica_groups is not None else ()
-        groups = participant_groups(raw, mode, num_replicas, num_partitions)
-    group_size = max((len(g) for g in groups), default=1)
-    if kind == "collective-permute":
-        group_size = 2 if groups else 1
-
-    physical = tuple(device_map.physical(g) for g in groups) if device_map is not None else None
-    crosses: bool | None = None
-    if device_map is not None:
-        spans = [device_map.spans_hosts(g) for g in groups]
-        crosses = None if any(s is None for s in spans) else any(spans)
-
-    axes: tuple[str, ...] | None = None
-    if mesh is not None and num_replicas == 1:
-        if kind == "collective-permute":
-            axes = _permute_axes(mesh, groups)
-        else:
-            axes = mesh.axes_for_groups(groups)
+    group_text = op.attribute("source_target_pairs" if kind == "collective-permute" else "replica_groups")
+    memo_key = (kind, mode, group_text, num_replicas, num_partitions)
+    facts = memo.get(memo_key) if memo is not None else None
+    if facts is None:
+        facts = _group_facts(op, kind, mode, num_replicas, num_partitions, device_map, mesh)
+        if memo is not None:
+            memo[memo_key] = facts
+    groups, group_size, physical, crosses, axes = facts
 
     bytes_in, bytes_out = _bytes(kind, op, op_computation)
     n = group_size
