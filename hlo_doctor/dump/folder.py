@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from hlo_doctor.dump.mlir import MlirInfo, SdyMesh, parse_meshes, parse_mlir_info
+from hlo_doctor.dump.mlir import declarations as mlir_declarations
 from hlo_doctor.dump.names import (
     DumpFileName,
     FileKind,
@@ -277,11 +278,13 @@ class DumpModule:
         text = self._read_text(self.mlir_path)
         return parse_mlir_info(text) if text is not None else None
 
-    @property
+    @cached_property
     def meshes(self) -> tuple[SdyMesh, ...]:
         """Shardy meshes from module.mlir, else from the HLO header's ``xla.sdy.meshes``."""
-        if self.mlir is not None and self.mlir.meshes:
-            return self.mlir.meshes
+        text = self._read_text(self.mlir_path) if self.mlir_path is not None else None
+        meshes = parse_meshes(mlir_declarations(text)) if text is not None else ()
+        if meshes:
+            return meshes
         for snapshot in self.snapshots:
             if "sdy.mesh" in snapshot.header:
                 return parse_meshes(snapshot.header)

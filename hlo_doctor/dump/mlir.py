@@ -112,7 +112,7 @@ def parse_meshes(text: str) -> tuple[SdyMesh, ...]:
     return tuple(meshes)
 
 
-def _declarations(text: str) -> str:
+def declarations(text: str) -> str:
     """The module's text before its first function: where ``sdy.mesh`` ops are declared."""
     first_function = text.find("func.func")
     return text if first_function < 0 else text[:first_function]
@@ -127,7 +127,7 @@ def parse_mlir_info(text: str) -> MlirInfo:
         module_name=_unquote(name_match.group(1)) if name_match else None,
         num_partitions=int(attrs["num_partitions"]) if "num_partitions" in attrs else None,
         num_replicas=int(attrs["num_replicas"]) if "num_replicas" in attrs else None,
-        meshes=parse_meshes(_declarations(text)),
+        meshes=parse_meshes(declarations(text)),
         function=func_name,
         arguments=arguments,
         results=results,
