@@ -314,7 +314,7 @@ def _path(graph, parent, end, user_given_start) -> list[Step]:
     """Steps from the value (first) to its origin (last); ``via`` says how each was reached."""
     chain = []
     node = end
-    while node is not None:
+    while node is not None and node not in chain:  # a parent cycle must not hang
         chain.append(node)
         node = parent[node][0]
     chain.reverse()
@@ -331,6 +331,17 @@ def _path(graph, parent, end, user_given_start) -> list[Step]:
 
 def _axis_name(axis, dim: int) -> str:
     return axis if isinstance(axis, str) else f"dim{dim}"
+
+
+def _shardy_names_other_origin(shardy_value, label: str, mark: Annotation) -> bool:
+    if shardy_value is None or label not in shardy_value.origins:
+        return False
+    origin = shardy_value.origins[label]
+    if origin.kind == "constraint":
+        return True
+    if origin.kind == "self":
+        return False
+    return (origin.kind, origin.index) != (mark.kind, mark.index)
 
 
 def explain(
@@ -362,13 +373,14 @@ def explain(
     result = Provenance(
         graph.module.name, instruction.name, sharding.text if sharding else None, marks.get(key)
     )
-    shardy_value = None
-    if shardy is not None and key[0] == (graph.module.entry.name if graph.module.entry else None):
-        shardy_value = shardy.by_instruction().get(key[1])
+    shardy_value = shardy.by_key().get(key) if shardy is not None else None
     by_index = {(a.kind, a.index): a.key for a in marks.values() if a.kind != "constraint"}
     for axis, dim in sorted(axes(key).items(), key=lambda item: (item[1], str(item[0]))):
         label = _axis_name(axis, dim)
-        if key in marks:
+        # Shardy's own record wins where it names another origin: even an
+        # argument's sharding may come from a constraint (jax.jit lets
+        # propagation reach parameters).
+        if key in marks and not _shardy_names_other_origin(shardy_value, label, marks[key]):
             mark = marks[key]
             result.origins[label] = AxisOrigin(
                 label, "output" if mark.kind == "output" else "self", mark.index, instruction.name, user_frame_of(instruction)
@@ -382,15 +394,17 @@ def explain(
             origin = shardy_value.origins[label]
             from_shardy = True
             if origin.kind == "constraint":
-                hlo = shardy.constraints.get(origin.constraint or "")
-                target = (key[0], hlo) if hlo else None
+                target = shardy.constraint_keys.get(origin.constraint or "")
                 kind = "constraint"
             elif origin.kind in ("input", "output"):
                 target = by_index.get((origin.kind, origin.index))
                 kind, index = origin.kind, origin.index
             else:
                 target, kind = key, "self"
-        if target is not None:
+        if target == key:
+            # The value is its own origin (the constraint op itself, say).
+            end, parent = key, {key: (None, "start")}
+        elif target is not None:
             end, parent = _search(graph, key, axis, axes, {target: marks.get(target, Annotation(kind, index, target))}, False)
             if end is None:
                 parent = {key: (None, "start"), target: (key, "user")}

@@ -11,7 +11,7 @@ the constraint ops (``sdy.sharding_constraint`` / ``sdy.reshard``),
 prints one op per line) and maps the ops of the entry function ``@main`` to
 the HLO instructions of the after-propagation snapshot (after shardy-xla):
 function arguments to entry parameters by number, each top-level op to the
-next unmapped entry instruction with the same opcode and result dims, in
+first unmapped entry instruction with the same opcode and result dims, in
 program order (shardy-xla keeps the order). Ops inside regions (while
 bodies, reducers) and ops with no HLO counterpart stay unmapped and are
 counted in :attr:`ShardyOrigins.unmapped`.
@@ -20,10 +20,11 @@ counted in :attr:`ShardyOrigins.unmapped`.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 
 __all__ = ["AxisOrigin", "ShardyOrigins", "ShardyValue", "find_origins_file", "read_origins"]
 
@@ -72,8 +73,9 @@ class ShardyValue:
     mlir: str  # "%arg0", "%7", "result0"
     line: int
     origins: dict[str, AxisOrigin]
-    instruction: str | None  # HLO instruction name in the entry computation
+    instruction: str | None  # HLO instruction name (in ``computation``)
     origin_name: str | None = None  # "constraint_N" on a constraint op
+    computation: str | None = None  # None: the entry computation
 
 
 @dataclass
@@ -81,10 +83,18 @@ class ShardyOrigins:
     path: str
     values: list[ShardyValue] = field(default_factory=list)
     constraints: dict[str, str] = field(default_factory=dict)  # constraint_N -> HLO name
+    constraint_keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> (computation, name)
     unmapped: int = 0
+    entry: str | None = None  # the entry computation's name
 
     def by_instruction(self) -> dict[str, ShardyValue]:
-        return {v.instruction: v for v in self.values if v.instruction is not None}
+        """Values of the entry computation by HLO instruction name."""
+        return {v.instruction: v for v in self.values if v.instruction is not None and v.computation in (None, self.entry)}
+
+    def by_key(self) -> dict[tuple[str, str], ShardyValue]:
+        """Every mapped value by (computation, instruction)."""
+        return {(v.computation or self.entry, v.instruction): v
+                for v in self.values if v.instruction is not None and self.entry is not None}
 
 
 def find_origins_file(shardy_dumps) -> Path | None:
@@ -119,6 +129,44 @@ def _result_type(rest: str) -> str:
     return tail.rsplit("->", 1)[-1]
 
 
+class _Scope:
+    """The instructions of one HLO computation, queued per opcode in program order."""
+
+    def __init__(self, computation: Computation) -> None:
+        self.computation = computation
+        self.queues: dict[str, list[Instruction]] = defaultdict(list)
+        for instruction in computation.instructions:
+            if instruction.opcode != "parameter":
+                self.queues[instruction.opcode].append(instruction)
+        self.heads: dict[str, int] = defaultdict(int)
+        self.used: set[str] = set()
+
+    def take(self, opcode: str, dims: tuple[int, ...] | None) -> Instruction | None:
+        """The first unused instruction with ``opcode`` (a constraint may be a custom-call) and ``dims``."""
+        for candidate_opcode in (opcode, "custom-call") if opcode == "copy" else (opcode,):
+            queue = self.queues.get(candidate_opcode, [])
+            start = self.heads[candidate_opcode]
+            while start < len(queue) and queue[start].name in self.used:
+                start += 1
+            self.heads[candidate_opcode] = start
+            for candidate in queue[start:]:
+                if candidate.name not in self.used and (
+                    dims is None or candidate.shape.is_tuple or candidate.shape.dims == dims
+                ):
+                    self.used.add(candidate.name)
+                    return candidate
+        return None
+
+    def tuple_element(self, instruction: Instruction, index: int) -> Instruction | None:
+        """The ``get-tuple-element`` of ``instruction`` with this index (a multi-result op's value)."""
+        if not instruction.shape.is_tuple:
+            return instruction if index == 0 else None
+        for user in self.queues.get("get-tuple-element", ()):
+            if user.operands[:1] == (instruction.name,) and user.attribute("index") == str(index):
+                return user
+        return None
+
+
 def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
     """Read Shardy's origins from ``path`` and map them to ``module``'s entry."""
     text = Path(path).read_text(encoding="utf-8")
@@ -126,6 +174,7 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
     entry = module.entry
     if entry is None:
         return result
+    result.entry = entry.name
     params = {p.parameter_number: p for p in entry.parameters()}
     lines = text.splitlines()
     main_line = next((i for i, line in enumerate(lines) if "func.func" in line and "@main" in line), None)
@@ -160,14 +209,31 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
                     name = root.name
             result.values.append(ShardyValue(f"result{index}", main_line + 1, origins[0], name))
     # Ops of @main's body: the indentation of its first op is the top level.
-    instructions = list(entry.instructions)
-    used: set[str] = set()
-    cursor = 0
+    # The ops of a top-level while's `cond` and `do` regions (one level deeper)
+    # map to the HLO while's condition and body computations the same way.
+    # Per computation and opcode, the instructions in program order
+    # (shardy-xla keeps the order); an op takes the first unused one with its
+    # opcode and result dims: a queue per opcode, not one cursor, so one op
+    # without an HLO twin does not make every later op miss.
+    entry_scope = _Scope(entry)
+    scope = entry_scope
+    last_while: Instruction | None = None
     indent = None
     for number in range(main_line + 1, len(lines)):
         line = lines[number]
-        if line.strip() == "}" and (indent is None or len(line) - len(line.lstrip()) < indent):
+        stripped = line.strip()
+        depth = len(line) - len(line.lstrip())
+        if stripped == "}" and (indent is None or depth < indent):
             break
+        if indent is not None and depth == indent and stripped in ("cond {", "} do {", "}"):
+            called = None
+            if last_while is not None and stripped != "}":
+                name = last_while.attribute("condition" if stripped == "cond {" else "body") or ""
+                called = module.computation(name.lstrip("%"))
+            scope = _Scope(called) if called is not None else None
+            if stripped == "}":
+                scope, last_while = entry_scope, None
+            continue
         match = _OP.match(line)
         if match is None:
             continue
@@ -177,42 +243,36 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
         found = _ORIGINS.search(line)
         name_match = _ORIGIN_NAME.search(line)
         origins = _origins(found.group(1) if found else None)
-        if depth != indent:
+        in_region = scope is not entry_scope
+        if scope is None or depth != (indent + 2 if in_region else indent):
             if origins:
-                result.unmapped += 1
+                result.unmapped += len([o for o in origins if o])
             continue
         op = match.group(3)
         opcode = _OPCODES.get(op, op.split(".", 1)[-1].replace("_", "-"))
-        dims = _dims(_result_type(match.group(4)))
-        hlo: Instruction | None = None
-        for position in range(cursor, len(instructions)):
-            candidate = instructions[position]
-            if candidate.name in used or candidate.opcode == "parameter":
-                continue
-            same_opcode = candidate.opcode == opcode or (
-                opcode == "copy" and candidate.opcode == "custom-call"
-            )
-            if same_opcode and (dims is None or candidate.shape.is_tuple or candidate.shape.dims == dims):
-                hlo = candidate
-                cursor = position + 1
-                break
-        if hlo is not None:
-            used.add(hlo.name)
+        hlo = scope.take(opcode, _dims(_result_type(match.group(4))))
+        if hlo is not None and not in_region and opcode == "while":
+            last_while = hlo
         origin_name = name_match.group(1) if name_match else None
         if origin_name and hlo is not None:
             result.constraints[origin_name] = hlo.name
+            result.constraint_keys[origin_name] = (scope.computation.name, hlo.name)
         for index, per_result in enumerate(origins or []):
             if not per_result:
                 continue
-            if hlo is None:
+            target = hlo
+            if hlo is not None and len(origins) > 1:
+                target = scope.tuple_element(hlo, index)
+            if target is None:
                 result.unmapped += 1
             result.values.append(
                 ShardyValue(
                     match.group(2) if len(origins) == 1 else f"{match.group(2)}#{index}",
                     number + 1,
                     per_result,
-                    hlo.name if hlo is not None and index == 0 else None,
+                    target.name if target is not None else None,
                     origin_name,
+                    scope.computation.name,
                 )
             )
     return result
