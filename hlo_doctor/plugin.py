@@ -96,9 +96,11 @@ from hlo_doctor.hlo.ir import (
     SourceLocation,
 )
 from hlo_doctor.rules._suggest import (
+    argument_name,
     constraint_code,
     jax_spec,
     parameter_code,
+    python_identifier,
     torch_spec,
 )
 from hlo_doctor.rules.base import (
@@ -122,7 +124,9 @@ from hlo_doctor.rules.versioning import API_VERSION, satisfies
 from hlo_doctor.units import format_bytes
 
 __all__ = [
+    "argument_name",
     "format_bytes",
+    "python_identifier",
     # versioning and registration
     "API_VERSION",
     "GROUP",

@@ -42,6 +42,7 @@ from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.attributes import parse_int_list
 from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, Sharding, ShardingKind
+from hlo_doctor.rules._suggest import argument_name
 from hlo_doctor.rules.base import Finding, SourceRef
 from hlo_doctor.rules.context import RuleContext
 
@@ -475,11 +476,7 @@ def parameter_name(ctx: RuleContext, param: Instruction) -> str:
     module = ctx.sharded
     if number is not None and module is not None and module.entry is not None:
         param = next((p for p in module.entry.parameters() if p.parameter_number == number), param)
-    metadata = param.metadata
-    if (metadata is not None and metadata.op_name and metadata.op_type is None and "/" not in metadata.op_name
-            and ctx.framework != "torch_xla"):
-        return metadata.op_name
-    return param.name
+    return param.name if ctx.framework == "torch_xla" else argument_name(param)
 
 
 def axes_text(axes: Iterable[str] | None) -> str:

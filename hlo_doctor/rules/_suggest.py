@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
+
+if TYPE_CHECKING:
+    from hlo_doctor.hlo.ir import Instruction
+
+
+def argument_name(param: Instruction) -> str:
+    """How the user knows an entry parameter: JAX records the argument name (``x``) as
+    its ``op_name``; otherwise (torch_xla, other tools) the parameter's HLO name."""
+    metadata = param.metadata
+    if metadata is not None and metadata.op_name and "/" not in metadata.op_name and metadata.op_type is None:
+        return metadata.op_name
+    return param.name
+
+
+def python_identifier(name: str, default: str = "param") -> str:
+    """``name`` made into a Python identifier for suggested code (``default`` when nothing is left)."""
+    cleaned = re.sub(r"\W+", "_", name).strip("_")
+    return cleaned if cleaned and not cleaned[0].isdigit() else default
 
 
 def _axes_text(axes: DimAxes) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
-from hlo_doctor.rules._suggest import parameter_code
+from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes
@@ -110,7 +110,7 @@ class ReplicatedLargeParameter(Rule):
 
     def _finding(self, ctx, module: HloModule, param, sharded, shard_count, axes) -> Finding:
         shape = param.shape
-        name = _display_name(param)
+        name = argument_name(param)
         dims = sorted(range(shape.rank), key=lambda d: (-shape.dims[d], d))
         dim = next((d for d in dims if shape.dims[d] % shard_count == 0), None)
         per_device = shape.byte_size // shard_count if shard_count else shape.byte_size
@@ -118,8 +118,8 @@ class ReplicatedLargeParameter(Rule):
         axis_names = tuple(axes) if axes else (f"<axis of size {shard_count}>",)
         if dim is not None:
             spec[dim] = axis_names
-        jax_code, torch_code = parameter_code(spec, _identifier(name))
-        examples = ", ".join(_display_name(p) for p, _ in sharded[:3])
+        jax_code, torch_code = parameter_code(spec, python_identifier(name))
+        examples = ", ".join(argument_name(p) for p, _ in sharded[:3])
         anchor = _partitioned_param(ctx, param) or param
         message = (
             f"parameter {name} ({shape}, {format_bytes(shape.byte_size)}) is replicated on all {ctx.num_partitions} devices "
@@ -213,15 +213,5 @@ def _first_user_with_source(ctx: RuleContext, module: HloModule, param: Instruct
     return param
 
 
-def _display_name(param: Instruction) -> str:
-    metadata = param.metadata
-    if metadata is not None and metadata.op_name and "/" not in metadata.op_name and metadata.op_type is None:
-        return metadata.op_name
-    return param.name
-
-
-def _identifier(name: str) -> str:
-    cleaned = re.sub(r"\W+", "_", name).strip("_")
-    return cleaned if cleaned and not cleaned[0].isdigit() else "param"
 
 

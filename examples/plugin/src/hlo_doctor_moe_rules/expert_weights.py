@@ -17,11 +17,13 @@ from hlo_doctor.plugin import (
     RuleSkipped,
     Severity,
     Suggestion,
+    argument_name,
     dim_axes,
     format_bytes,
     jax_spec,
     layout,
     parameter_code,
+    python_identifier,
 )
 
 # Ops that pass a weight on unchanged in shape (a cast to bf16, a copy).
@@ -125,7 +127,7 @@ class ExpertWeightsNotExpertSharded(Rule):
                  axes: tuple[tuple[str, ...], ...], axis: str) -> Finding:
         shape = param.shape
         experts = shape.dims[0]
-        name = _display_name(param)
+        name = argument_name(param)
         now = layout(param.sharding, shape, ctx.num_partitions).shard_shape.byte_size
         fixed = [(axis,)] + [tuple(a for a in dim if a != axis) for dim in axes[1:]]
         fixed = [dim if dim else None for dim in fixed]
@@ -144,7 +146,7 @@ class ExpertWeightsNotExpertSharded(Rule):
             f"over the expert axis '{axis}' ({mesh.axis_size(axis)}); {detail} "
             f"({format_bytes(now)} per device, {format_bytes(fixed_bytes)} if expert-sharded)"
         )
-        jax_code, torch_code = parameter_code(fixed, _identifier(name))
+        jax_code, torch_code = parameter_code(fixed, python_identifier(name, "w"))
         return self.finding(
             ctx,
             message,
@@ -218,15 +220,5 @@ def _partitioned_param(ctx: RuleContext, param: Instruction) -> Instruction | No
     return None
 
 
-def _display_name(param: Instruction) -> str:
-    metadata = param.metadata
-    if metadata is not None and metadata.op_name and "/" not in metadata.op_name and metadata.op_type is None:
-        return metadata.op_name
-    return param.name
-
-
-def _identifier(name: str) -> str:
-    cleaned = re.sub(r"\W+", "_", name).strip("_")
-    return cleaned if cleaned and not cleaned[0].isdigit() else "w"
 
 
