@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hlo_doctor import __version__
-from hlo_doctor.dump import load_dump
+from hlo_doctor.dump import Dump, load_dump
 from hlo_doctor.errors import InputError, one_line
 from hlo_doctor.rules import (
     AnalysisOptions,
@@ -77,8 +77,8 @@ class Report:
         return render_text(self, color=False, width=100).rstrip("\n")
 
 
-def analyze_dump(path: str | os.PathLike[str], **options: Any) -> Report:
-    """Analyze the dump at ``path`` with the registered rules.
+def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:
+    """Analyze the dump at ``path`` (or an already loaded :class:`Dump`) with the registered rules.
 
     Options: ``select``/``ignore`` choose rules by id; ``rule_options`` sets
     option fields per rule id; ``ignore_ops`` drops findings whose op_name
@@ -103,7 +103,7 @@ def analyze_dump(path: str | os.PathLike[str], **options: Any) -> Report:
 
 
 def _analyze(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Dump,
     *,
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
@@ -130,7 +130,7 @@ def _analyze(
             rules.append(spec.rule(**dict((rule_options or {}).get(rule_id, {}))))
         except TypeError as error:
             raise InputError(f"bad options for rule {rule_id}: {one_line(str(error))}") from None
-    dump = load_dump(path)
+    dump = path if isinstance(path, Dump) else load_dump(path)
     options = AnalysisOptions(devices_per_host=devices_per_host, hardware=profile, verbose=verbose)
 
     findings: list[Finding] = []

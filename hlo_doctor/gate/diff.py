@@ -119,9 +119,10 @@ class DumpDiff:
 
 def diff_dumps(before: str, after: str, **options: Any) -> DumpDiff:
     """Analyze both dumps with the same ``options`` (those of ``analyze_dump``) and compare them."""
-    before_report = analyze_dump(before, **options)
-    after_report = analyze_dump(after, **options)
+    # One load per dump: the reports and the comparison share its parsed snapshots.
     before_dump, after_dump = load_dump(before), load_dump(after)
+    before_report = analyze_dump(before_dump, **options)
+    after_report = analyze_dump(after_dump, **options)
     analysis = AnalysisOptions(devices_per_host=options.get("devices_per_host"))
     modules = []
     for name, old, new in _pair_modules(before_dump, after_dump):
