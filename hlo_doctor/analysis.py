@@ -170,6 +170,12 @@ def _analyze(
     if progress is not None:
         progress(total, total, "")
     errors.extend(ReportError(e.path, e.message) for e in dump.load_errors)
+    snapshots = [s for module in dump.modules for s in module.snapshots]
+    if snapshots and not any(s.parsed for s in snapshots):
+        failed = [s for s in snapshots if s.error is not None]
+        if failed:
+            # Nothing could be read at all: an input error, not an analysis.
+            raise InputError(failed[0].error or f"{failed[0].path}: cannot be parsed")
     patterns = tuple(ignore_ops)
     if patterns:
         findings = [f for f in findings if not (f.op_name and any(fnmatch.fnmatchcase(f.op_name, p) for p in patterns))]
