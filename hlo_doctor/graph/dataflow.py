@@ -25,12 +25,25 @@ whose edges run from a value to each place that reads it. Every edge has a
 Reducers (``to_apply`` of reduce, all-reduce, scatter, sort, map ...) get no
 cross-computation edges: they combine scalars and carry no sharding.
 
-Node data is kept small so that building stays cheap (a fraction of the
-parse time): ``instruction``, ``computation`` and ``shape``. Sharding,
-source location and the ``file:line`` in the snapshot are read through
-:meth:`DataflowGraph.info` (computed on demand from the instruction).
-Edge attribute dicts are shared between edges of the same kind and slots:
-treat the graph as read-only.
+**Representation.** Building must stay a small fraction of the parse time,
+and the analyses that walk every node must be cheap, so the graph is held
+as flat lists over node *ids*: the nodes numbered ``0 .. n-1`` in program
+order (computations in module order, instructions in order).
+``operand_ids[i]`` are node ``i``'s operands in operand order (``-1`` for a
+name the computation does not define), ``user_ids[i]`` the nodes that read
+it as an operand, and ``calls_into`` / ``calls_out_of`` the
+cross-computation edges with their kind. ``keys[i]`` and
+``instruction_at[i]`` give the node's key and instruction; :meth:`DataflowGraph.id_of`
+maps back. Analyses index plain lists by id instead of hashing key tuples.
+
+The key-level views are made on demand and cached per node:
+``DataflowGraph.pred`` / ``.succ`` (networkx's adjacency layout,
+``{node: {neighbour: edge data}}``) and the networkx graph ``.nx``, a
+read-only ``networkx.DiGraph`` over those views whose node attribute dicts
+(``instruction``, ``computation``, ``shape``) are made when first read.
+Sharding, source location and the ``file:line`` in the snapshot are read
+through :meth:`DataflowGraph.info`. Edge attribute dicts are shared between
+edges of the same kind and slots: treat the graph as read-only.
 
 Which entry parameters a value derives from (:meth:`DataflowGraph.entry_parameters`)
 is computed once, on first use, by propagating bitsets to a fixpoint (so
@@ -42,8 +55,9 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import networkx as nx
 
@@ -56,9 +70,10 @@ from hlo_doctor.hlo.ir import (
     SourceLocation,
 )
 
-__all__ = ["DataflowGraph", "NodeInfo", "NodeKey", "build_graph"]
+__all__ = ["NO_NODE", "DataflowGraph", "NodeInfo", "NodeKey", "build_graph"]
 
 NodeKey = tuple[str, str]  # (computation name, instruction name)
+NO_NODE = -1  # an operand name its computation does not define
 
 # Opcodes whose called computations exchange values with the caller.
 _CALLERS = frozenset(
@@ -102,23 +117,107 @@ class NodeInfo:
 
 
 class DataflowGraph:
-    """A module's dataflow graph (``.nx``) and the queries rules ask of it."""
+    """A module's dataflow graph and the queries rules ask of it (see the module docstring)."""
 
-    def __init__(self, module: HloModule, graph: nx.DiGraph) -> None:
+    def __init__(
+        self,
+        module: HloModule,
+        spans: list[tuple[int, str]],
+        instruction_at: list[Instruction],
+        operand_ids: list[tuple[int, ...]],
+        user_ids: list[list[int]],
+        calls_into: dict[int, list[tuple[int, str]]],
+        calls_out_of: dict[int, list[tuple[int, str]]],
+        ids: dict[str, dict[str, int]],
+    ) -> None:
         self.module = module
-        self.nx = graph
-        self._params: dict[NodeKey, object] | None = None
-        self._entry_param_index: dict[int, NodeKey] = {}
+        self._spans = spans
+        self.instruction_at = instruction_at
+        self.operand_ids = operand_ids
+        self.user_ids = user_ids
+        self.calls_into = calls_into
+        self.calls_out_of = calls_out_of
+        self._ids = ids
+        self._params: list | None = None
+
+    # ---- ids -----------------------------------------------------------
+    @cached_property
+    def keys(self) -> list[NodeKey]:
+        """Node id -> key (made on first use)."""
+        keys: list[NodeKey] = []
+        instruction_at = self.instruction_at
+        bounds = [first for first, _ in self._spans[1:]] + [len(instruction_at)]
+        for (first, name), end in zip(self._spans, bounds):
+            keys.extend([(name, instruction.name) for instruction in instruction_at[first:end]])
+        return keys
+
+    def id_of(self, key: NodeKey) -> int | None:
+        """The node id of ``key``, or None."""
+        local = self._ids.get(key[0])
+        return local.get(key[1]) if local is not None else None
+
+    def computation_range(self, computation: str) -> range:
+        """The ids of one computation's instructions (empty when unknown)."""
+        local = self._ids.get(computation)
+        if not local:
+            return range(0)
+        first = min(local.values())
+        return range(first, first + len(local))
+
+    def computation_ids(self, computation: str) -> dict[str, int]:
+        """Instruction name -> node id, for one computation (empty when unknown)."""
+        return self._ids.get(computation, {})
+
+    def sources_of(self, node: int) -> list[int]:
+        """Ids of what node ``node`` reads: its operands, then cross-computation sources."""
+        found = [o for o in self.operand_ids[node] if o != NO_NODE]
+        extra = self.calls_into.get(node)
+        if extra:
+            found.extend(source for source, _ in extra)
+        return found
+
+    def targets_of(self, node: int) -> list[int]:
+        """Ids of where node ``node``'s value goes: its users, then cross-computation targets."""
+        extra = self.calls_out_of.get(node)
+        if not extra:
+            return self.user_ids[node]
+        return self.user_ids[node] + [target for target, _ in extra]
+
+    # ---- key-level views -------------------------------------------------
+    @cached_property
+    def pred(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
+        """node -> {the node it reads: edge data}, made per node on first use."""
+        return _Adjacency(self, incoming=True)
+
+    @cached_property
+    def succ(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
+        """node -> {the node reading it: edge data}, made per node on first use."""
+        return _Adjacency(self, incoming=False)
+
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        """The graph as a read-only ``networkx.DiGraph`` over the on-demand views."""
+        graph = nx.DiGraph(module=self.module.name, path=self.module.path)
+        graph._node = _NodeAttributes(self)
+        graph._adj = graph._succ = self.succ
+        graph._pred = self.pred
+        return graph
 
     # ---- lookups -------------------------------------------------------
     def __contains__(self, key: object) -> bool:
-        return key in self.nx
+        return isinstance(key, tuple) and len(key) == 2 and self.id_of(key) is not None  # type: ignore[arg-type]
 
     def __len__(self) -> int:
-        return self.nx.number_of_nodes()
+        return len(self.instruction_at)
+
+    def __iter__(self) -> Iterator[NodeKey]:
+        return iter(self.keys)
 
     def instruction(self, key: NodeKey) -> Instruction:
-        return self.nx.nodes[key]["instruction"]
+        node = self.id_of(key)
+        if node is None:
+            raise KeyError(key)
+        return self.instruction_at[node]
 
     def info(self, key: NodeKey) -> NodeInfo:
         instruction = self.instruction(key)
@@ -137,7 +236,7 @@ class DataflowGraph:
         name = name.lstrip("%")
         if computation is not None:
             key = (computation, name)
-            return [key] if key in self.nx else []
+            return [key] if key in self else []
         return [
             (c.name, name) for c in self.module.computations if c.get(name) is not None
         ]
@@ -147,60 +246,141 @@ class DataflowGraph:
         assert entry is not None
         return (entry.name, name.lstrip("%"))
 
+    def _require(self, key: NodeKey) -> int:
+        node = self.id_of(key)
+        if node is None:
+            raise KeyError(key)
+        return node
+
     # ---- neighbours ----------------------------------------------------
     def producers(self, key: NodeKey) -> list[tuple[NodeKey, str]]:
         """The values ``key`` reads, with the edge kind, across computations."""
-        return [(p, data["kind"]) for p, data in self.nx.pred[key].items()]
+        return [(p, data["kind"]) for p, data in self.pred[key].items()]
 
     def consumers(self, key: NodeKey) -> list[tuple[NodeKey, str]]:
         """Where ``key``'s value goes, with the edge kind, across computations."""
-        return [(s, data["kind"]) for s, data in self.nx.succ[key].items()]
+        return [(s, data["kind"]) for s, data in self.succ[key].items()]
 
     def upstream(self, key: NodeKey) -> set[NodeKey]:
         """Every node ``key`` transitively reads (not ``key`` itself unless in a loop)."""
-        return _reach(key, self.nx.pred)
+        keys = self.keys
+        return {keys[i] for i in self.reach_ids((self._require(key),), forward=False)}
 
     def downstream(self, key: NodeKey) -> set[NodeKey]:
-        return _reach(key, self.nx.succ)
+        keys = self.keys
+        return {keys[i] for i in self.reach_ids((self._require(key),), forward=True)}
 
     def downstream_of_any(self, keys: Iterable[NodeKey]) -> set[NodeKey]:
         """Everything reachable from any of ``keys`` (one walk, not one per key)."""
-        return _reach_all(keys, self.nx.succ)
+        names = self.keys
+        return {names[i] for i in self.reach_ids([self._require(k) for k in keys], forward=True)}
+
+    def reach_ids(self, starts: Iterable[int], *, forward: bool) -> set[int]:
+        """Ids reachable (one or more steps) from any of ``starts``, along or against the edges."""
+        step = self.targets_of if forward else self.sources_of
+        seen: set[int] = set()
+        stack = [node for start in starts for node in step(start)]
+        while stack:
+            node = stack.pop()
+            if node not in seen:
+                seen.add(node)
+                stack.extend(step(node))
+        return seen
 
     # ---- entry parameters a value derives from ------------------------
     def entry_parameters(self, key: NodeKey) -> frozenset[int]:
         """Numbers of the entry parameters ``key``'s value derives from."""
-        if self._params is None:
-            self._params = _propagate_params(self)
-        return frozenset(_bits_to_indices(_flatten(self._params.get(key, 0))))
+        return frozenset(_bits_to_indices(self.parameter_bits(self._require(key))))
 
     def derives_from_parameter(self, key: NodeKey, number: int) -> bool:
         """Whether ``key``'s value depends on entry parameter ``number``."""
+        return bool(self.parameter_bits(self._require(key)) >> number & 1)
+
+    def parameter_bits(self, node: int) -> int:
+        """Node ``node``'s entry parameters as a bitset (bit k: parameter k)."""
         if self._params is None:
             self._params = _propagate_params(self)
-        return bool(_flatten(self._params.get(key, 0)) >> number & 1)
+        return _flatten(self._params[node])
 
 
-def _reach(start: NodeKey, adjacency) -> set[NodeKey]:
-    return _reach_all((start,), adjacency)
+class _Adjacency(Mapping):
+    """networkx-style adjacency over node keys, made per node from the id lists."""
+
+    def __init__(self, graph: DataflowGraph, *, incoming: bool) -> None:
+        self._graph = graph
+        self._incoming = incoming
+        self._made: dict[NodeKey, dict[NodeKey, dict]] = {}
+
+    def __getitem__(self, key: NodeKey) -> dict[NodeKey, dict]:
+        made = self._made.get(key)
+        if made is None:
+            node = self._graph.id_of(key)
+            if node is None:
+                raise KeyError(key)
+            made = self._made[key] = self._incoming_of(node) if self._incoming else self._outgoing_of(node)
+        return made
+
+    def _incoming_of(self, node: int) -> dict[NodeKey, dict]:
+        graph = self._graph
+        keys = graph.keys
+        slots: dict[int, tuple[int, ...]] = {}
+        for slot, source in enumerate(graph.operand_ids[node]):
+            if source != NO_NODE:
+                slots[source] = slots.get(source, ()) + (slot,)
+        made = {keys[source]: _edge("operand", indices) for source, indices in slots.items()}
+        for source, kind in graph.calls_into.get(node, ()):
+            made[keys[source]] = _edge(kind)
+        return made
+
+    def _outgoing_of(self, node: int) -> dict[NodeKey, dict]:
+        graph = self._graph
+        keys = graph.keys
+        made = {}
+        for user in graph.user_ids[node]:
+            indices = tuple(slot for slot, source in enumerate(graph.operand_ids[user]) if source == node)
+            made[keys[user]] = _edge("operand", indices)
+        for target, kind in graph.calls_out_of.get(node, ()):
+            made[keys[target]] = _edge(kind)
+        return made
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._graph
+
+    def __iter__(self) -> Iterator[NodeKey]:
+        return iter(self._graph.keys)
+
+    def __len__(self) -> int:
+        return len(self._graph.keys)
 
 
-def _reach_all(starts: Iterable[NodeKey], adjacency) -> set[NodeKey]:
-    """Nodes reachable (one or more steps) from any of ``starts``."""
-    seen: set[NodeKey] = set()
-    stack = [node for start in starts for node in adjacency[start]]
-    while stack:
-        node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            stack.extend(adjacency[node])
-    return seen
+class _NodeAttributes(Mapping):
+    """networkx's node attribute dicts, made per node on first read."""
+
+    def __init__(self, graph: DataflowGraph) -> None:
+        self._graph = graph
+        self._made: dict[NodeKey, dict] = {}
+
+    def __getitem__(self, key: NodeKey) -> dict:
+        made = self._made.get(key)
+        if made is None:
+            instruction = self._graph.instruction(key)
+            made = self._made[key] = {"instruction": instruction, "computation": key[0], "shape": instruction.shape}
+        return made
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._graph
+
+    def __iter__(self) -> Iterator[NodeKey]:
+        return iter(self._graph.keys)
+
+    def __len__(self) -> int:
+        return len(self._graph.keys)
 
 
 def build_graph(module: HloModule) -> DataflowGraph:
     """Build the dataflow graph of ``module`` (see the module docstring)."""
     # The parsed module holds millions of objects: a cyclic GC pass over
-    # them for every few hundred new dicts would cost more than the build.
+    # them for every few hundred new lists would cost more than the build.
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -211,67 +391,53 @@ def build_graph(module: HloModule) -> DataflowGraph:
 
 
 def _build(module: HloModule) -> DataflowGraph:
-    graph = nx.DiGraph(module=module.name, path=module.path)
-    node_data = graph._node
-    succ = graph._succ
-    pred = graph._pred
+    instruction_at: list[Instruction] = []
+    spans: list[tuple[int, str]] = []  # (first id, computation name)
+    ids: dict[str, dict[str, int]] = {}
+    operand_ids: list[tuple[int, ...]] = []
+    for computation in module.computations:
+        first = len(instruction_at)
+        spans.append((first, computation.name))
+        instructions = computation.instructions
+        instruction_at.extend(instructions)
+        local = ids[computation.name] = {i.name: first + n for n, i in enumerate(instructions)}
+        # Operand edges. Names resolve within the computation, whatever the
+        # order of definition (XLA prints definitions first, but need not).
+        get = local.get
+        for instruction in instructions:
+            operands = instruction.operands
+            count = len(operands)
+            if count == 0:
+                operand_ids.append(())
+            elif count == 1:
+                operand_ids.append((get(operands[0], NO_NODE),))
+            elif count == 2:
+                operand_ids.append((get(operands[0], NO_NODE), get(operands[1], NO_NODE)))
+            else:
+                operand_ids.append(tuple([get(o, NO_NODE) for o in operands]))
+    user_ids: list[list[int]] = [[] for _ in instruction_at]
+    for node, sources in enumerate(operand_ids):
+        for source in sources:
+            if source != NO_NODE:
+                users = user_ids[source]
+                if not users or users[-1] != node:
+                    users.append(node)
+
+    # Cross-computation edges.
+    calls_into: dict[int, list[tuple[int, str]]] = {}
+    calls_out_of: dict[int, list[tuple[int, str]]] = {}
     computations = {c.name: c for c in module.computations}
     roots: dict[str, Instruction | None] = {}
     params: dict[str, list[Instruction]] = {}
 
-    # Nodes, and operand edges: written straight into networkx's adjacency
-    # dicts (what add_edges_from does, without its per-edge overhead). HLO
-    # text defines a value before its uses; an operand defined later (legal,
-    # but XLA never prints it) is linked in a second pass.
-    first_operand = _edge("operand", (0,))
-    late: list[tuple[str, Instruction]] = []
-    for computation in module.computations:
-        cname = computation.name
-        for instruction in computation.instructions:
-            key = (cname, instruction.name)
-            node_data[key] = {"instruction": instruction, "computation": cname, "shape": instruction.shape}
-            succ[key] = {}
-            operands = instruction.operands
-            if not operands:
-                pred[key] = {}
-                continue
-            if len(operands) == 1:
-                source = (cname, operands[0])
-                out = succ.get(source)
-                if out is None:
-                    pred[key] = {}
-                    late.append((cname, instruction))
-                else:
-                    out[key] = first_operand
-                    pred[key] = {source: first_operand}
-                continue
-            into = pred[key] = {}
-            for index, operand in enumerate(operands):
-                source = (cname, operand)
-                out = succ.get(source)
-                if out is None:
-                    late.append((cname, instruction))
-                    break
-                data = into.get(source)
-                data = _edge("operand", (index,) if data is None else data["indices"] + (index,))
-                out[key] = data
-                into[source] = data
-    for cname, instruction in late:
-        key = (cname, instruction.name)
-        into = pred[key]
-        into.clear()
-        for index, operand in enumerate(instruction.operands):
-            source = (cname, operand)
-            if source in succ and source[0] == cname:
-                data = into.get(source)
-                data = _edge("operand", (index,) if data is None else data["indices"] + (index,))
-                succ[source][key] = data
-                into[source] = data
-
-    def add(u: NodeKey, v: NodeKey, data: dict) -> None:
-        if u in succ and v in pred:
-            succ[u][v] = data
-            pred[v][u] = data
+    def add(u: NodeKey, v: NodeKey, kind: str) -> None:
+        source, target = _id(ids, u), _id(ids, v)
+        if source is None or target is None:
+            return
+        into = calls_into.setdefault(target, [])
+        if (source, kind) not in into:
+            into.append((source, kind))
+            calls_out_of.setdefault(source, []).append((target, kind))
 
     def root_of(name: str) -> Instruction | None:
         if name not in roots:
@@ -288,11 +454,14 @@ def _build(module: HloModule) -> DataflowGraph:
     for computation in module.computations:
         cname = computation.name
         for instruction in computation.instructions:
-            opcode = instruction.opcode
-            if opcode not in _CALLERS:
-                continue
-            _link_called(cname, instruction, add, root_of, params_of)
-    return DataflowGraph(module, graph)
+            if instruction.opcode in _CALLERS:
+                _link_called(cname, instruction, add, root_of, params_of)
+    return DataflowGraph(module, spans, instruction_at, operand_ids, user_ids, calls_into, calls_out_of, ids)
+
+
+def _id(ids: dict[str, dict[str, int]], key: NodeKey) -> int | None:
+    local = ids.get(key[0])
+    return local.get(key[1]) if local is not None else None
 
 
 def _link_called(cname, instruction: Instruction, add, root_of, params_of) -> None:
@@ -311,21 +480,21 @@ def _link_called(cname, instruction: Instruction, add, root_of, params_of) -> No
             for param in params_of(callee)[:1]:
                 target = (callee, param.name)
                 if operands:
-                    add((cname, operands[0]), target, _edge("while_init"))
+                    add((cname, operands[0]), target, "while_init")
                 if body_root is not None:
-                    add((body, body_root.name), target, _edge("loop_carried"))
+                    add((body, body_root.name), target, "loop_carried")
         if body_root is not None:
-            add((body, body_root.name), key, _edge("while_result"))
+            add((body, body_root.name), key, "while_result")
         return
     called = instruction.called_computations
     if opcode == "conditional":
         for branch_index, callee in enumerate(called):
             for param in params_of(callee)[:1]:
                 if branch_index + 1 < len(operands):
-                    add((cname, operands[branch_index + 1]), (callee, param.name), _edge("branch_param"))
+                    add((cname, operands[branch_index + 1]), (callee, param.name), "branch_param")
             root = root_of(callee)
             if root is not None:
-                add((callee, root.name), key, _edge("branch_root"))
+                add((callee, root.name), key, "branch_root")
         return
     if opcode in ("async-update",):
         return  # the chain continues through operand edges
@@ -335,11 +504,11 @@ def _link_called(cname, instruction: Instruction, add, root_of, params_of) -> No
             for param in params_of(callee):
                 number = param.parameter_number or 0
                 if number < len(operands):
-                    add((cname, operands[number]), (callee, param.name), _edge(kind + "_param"))
+                    add((cname, operands[number]), (callee, param.name), kind + "_param")
         if opcode != "async-start":
             root = root_of(callee)
             if root is not None:
-                add((callee, root.name), key, _edge(kind + "_root"))
+                add((callee, root.name), key, kind + "_root")
 
 
 # --------------------------------------------------------------------------
@@ -375,11 +544,11 @@ def _bits_to_indices(bits: int) -> Iterator[int]:
         index += 1
 
 
-def _order(graph: DataflowGraph) -> list[NodeKey]:
-    """Instructions in dataflow order: a callee's body comes right before its caller."""
+def dataflow_order(graph: DataflowGraph) -> list[int]:
+    """Node ids in dataflow order: a callee's body comes right before its first caller."""
     module = graph.module
     computations = {c.name: c for c in module.computations}
-    order: list[NodeKey] = []
+    order: list[int] = []
     done: set[str] = set()
 
     def visit(computation: Computation) -> None:
@@ -388,6 +557,7 @@ def _order(graph: DataflowGraph) -> list[NodeKey]:
         while stack:
             comp, index = stack.pop()
             instructions = comp.instructions
+            local = graph.computation_ids(comp.name)
             while index < len(instructions):
                 instruction = instructions[index]
                 if instruction.opcode in _CALLERS:
@@ -402,8 +572,16 @@ def _order(graph: DataflowGraph) -> list[NodeKey]:
                             done.add(callee.name)
                             stack.append((callee, 0))
                         break
-                order.append((comp.name, instruction.name))
-                index += 1
+                    order.append(local[instruction.name])
+                    index += 1
+                    continue
+                # A run of instructions that call nothing: in one step.
+                end = index + 1
+                while end < len(instructions) and instructions[end].opcode not in _CALLERS:
+                    end += 1
+                first = local[instruction.name]
+                order.extend(range(first, first + end - index))
+                index = end
 
     entry = module.entry
     if entry is not None:
@@ -414,7 +592,26 @@ def _order(graph: DataflowGraph) -> list[NodeKey]:
     return order
 
 
-def _propagate_params(graph: DataflowGraph) -> dict[NodeKey, object]:
+def back_edge_targets(graph: DataflowGraph, order: list[int]) -> list[int]:
+    """Nodes that read a value placed at or after them in ``order`` (loops, shared callees)."""
+    position = [0] * len(graph.instruction_at)
+    for index, node in enumerate(order):
+        position[node] = index
+    found: list[int] = []
+    # Operand edges within a computation run forward in id order (a later
+    # definition is rare): only those and the cross-computation edges can go back.
+    for node, sources in enumerate(graph.operand_ids):
+        for source in sources:
+            if source != NO_NODE and position[source] >= position[node]:
+                found.append(node)
+                break
+    for target, edges in graph.calls_into.items():
+        if any(position[source] >= position[target] for source, _ in edges):
+            found.append(target)
+    return found
+
+
+def _propagate_params(graph: DataflowGraph) -> list:
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -424,64 +621,63 @@ def _propagate_params(graph: DataflowGraph) -> dict[NodeKey, object]:
             gc.enable()
 
 
-def _propagate(graph: DataflowGraph) -> dict[NodeKey, object]:
+def _propagate(graph: DataflowGraph) -> list:
     entry = graph.module.entry
     entry_name = entry.name if entry else None
-    pred = graph.nx.pred
-    succ = graph.nx.succ
-    nodes = graph.nx.nodes
-    values: dict[NodeKey, object] = {}
+    entry_ids = graph.computation_range(entry_name) if entry_name is not None else range(0)
+    instruction_at = graph.instruction_at
+    operand_ids = graph.operand_ids
+    calls_into = graph.calls_into
+    values: list = [0] * (len(instruction_at) + 1)  # the extra last slot is NO_NODE's: always 0
 
-    def transfer(key: NodeKey):
-        instruction: Instruction = nodes[key]["instruction"]
+    def transfer(node: int):
+        instruction: Instruction = instruction_at[node]
         opcode = instruction.opcode
-        if opcode == "parameter" and key[0] == entry_name:
+        if opcode == "parameter" and node in entry_ids:
             return 1 << (instruction.parameter_number or 0)
-        incoming = pred[key]
+        sources = operand_ids[node]
         if opcode == "tuple":
-            elements = [0] * len(instruction.operands)
-            for source, data in incoming.items():
-                for index in data.get("indices", ()):
-                    elements[index] = values.get(source, 0)
-            return tuple(elements)
+            return tuple(values[s] for s in sources)
+        extra = calls_into.get(node)
         if opcode == "get-tuple-element":
+            source_value = values[sources[0]] if sources else 0
+            for source, _ in extra or ():
+                source_value = _join(source_value, values[source])
             index_text = instruction.attribute("index")
-            source_value = 0
-            for source in incoming:
-                source_value = _join(source_value, values.get(source, 0))
             if isinstance(source_value, tuple) and index_text and index_text.isdigit():
                 index = int(index_text)
                 if index < len(source_value):
                     return source_value[index]
             return _flatten(source_value)
-        value = 0
-        for source in incoming:
-            value = _join(value, values.get(source, 0))
         if not instruction.shape.is_tuple:
-            return _flatten(value)
+            bits = 0
+            for source in sources:
+                value = values[source]
+                bits |= value if value.__class__ is int else _flatten(value)
+            for source, _ in extra or ():
+                bits |= _flatten(values[source])
+            return bits
+        value = 0
+        for source in sources:
+            value = _join(value, values[source])
+        for source, _ in extra or ():
+            value = _join(value, values[source])
         return value
 
-    order = _order(graph)
-    position = {key: i for i, key in enumerate(order)}
-    for key in order:
-        values[key] = transfer(key)
+    order = dataflow_order(graph)
+    for node in order:
+        values[node] = transfer(node)
     # Back edges (loops, computations called from several sites): iterate to
     # the fixpoint; values only grow, so this ends.
-    queue: deque[NodeKey] = deque()
-    queued: set[NodeKey] = set()
-    for key in order:
-        here = position[key]
-        for target in succ[key]:
-            if position.get(target, here + 1) <= here and target not in queued:
-                queue.append(target)
-                queued.add(target)
+    queue: deque[int] = deque(back_edge_targets(graph, order))
+    queued = set(queue)
     while queue:
-        key = queue.popleft()
-        queued.discard(key)
-        new = transfer(key)
-        if new != values.get(key):
-            values[key] = new
-            for target in succ[key]:
+        node = queue.popleft()
+        queued.discard(node)
+        new = transfer(node)
+        if new != values[node]:
+            values[node] = new
+            for target in graph.targets_of(node):
                 if target not in queued:
                     queue.append(target)
                     queued.add(target)

@@ -274,7 +274,7 @@ def _dot_map(graph: DataflowGraph, key: NodeKey, operand_key: NodeKey, axis, axe
 
 
 def _search(graph, start, axis, axes, marks, strict: bool):
-    pred, succ = graph.nx.pred, graph.nx.succ
+    pred, succ = graph.pred, graph.succ
     parent: dict[NodeKey, tuple[NodeKey | None, str]] = {start: (None, "start")}
     queue = deque([start])
     found: list[tuple[int, int, NodeKey]] = []
