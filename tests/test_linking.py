@@ -28,3 +28,27 @@ def test_gspmd_constraint_becomes_copy():
     renamed = {k[1]: v[1] for k, v in link.forward.items() if k[1] != v[1]}
     assert renamed == {"sharding_constraint.1": "copy"}
     assert not link.inserted
+
+
+def _fixture_modules():
+    for folder in sorted(p.parent for p in FIXTURES.glob("*/*/expected_findings.json")):
+        for module in load_dump(folder).modules:
+            if module.after_propagation() is not None and module.partitioned() is not None:
+                yield folder, module
+
+
+def test_quick_match_agrees_with_the_whole_module_link_on_every_fixture_dot():
+    """match_instructions (used to name findings) gives link_modules' answer, or None, never another op."""
+    from hlo_doctor.graph.linking import match_instructions
+
+    compared = answered = 0
+    for folder, module in _fixture_modules():
+        a, b = module.after_propagation().module(), module.partitioned().module()
+        keys = [(c.name, i.name) for c, i in a.instructions() if i.opcode in ("dot", "convolution")]
+        link = link_modules(a, b)
+        for key, quick in match_instructions(a, b, keys).items():
+            compared += 1
+            if quick is not None:
+                answered += 1
+                assert quick == link.matched(key), (folder, key)
+    assert compared > 100 and answered == compared

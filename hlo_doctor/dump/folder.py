@@ -19,8 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from hlo_doctor.dump.mlir import MlirInfo, SdyMesh, parse_meshes, parse_mlir_info
-from hlo_doctor.dump.mlir import declarations as mlir_declarations
+from hlo_doctor.dump.mlir import MlirInfo, SdyMesh, parse_meshes, parse_mlir_info, read_declarations
 from hlo_doctor.dump.names import (
     DumpFileName,
     FileKind,
@@ -281,14 +280,29 @@ class DumpModule:
     @cached_property
     def meshes(self) -> tuple[SdyMesh, ...]:
         """Shardy meshes from module.mlir, else from the HLO header's ``xla.sdy.meshes``."""
-        text = self._read_text(self.mlir_path) if self.mlir_path is not None else None
-        meshes = parse_meshes(mlir_declarations(text)) if text is not None else ()
-        if meshes:
-            return meshes
+        return self._meshes[0]
+
+    @property
+    def meshes_source(self) -> str | None:
+        """Where :attr:`meshes` came from: ``module.mlir``, ``hlo_header``, or None."""
+        return self._meshes[1]
+
+    @cached_property
+    def _meshes(self) -> tuple[tuple[SdyMesh, ...], str | None]:
+        if self.mlir_path is not None:
+            # Meshes are declared before the first function: a big module.mlir is read only that far.
+            try:
+                text = read_declarations(self.mlir_path)
+            except OSError as error:
+                self._errors.append(DumpError(str(self.mlir_path), _strerror(error)))
+                text = ""
+            meshes = parse_meshes(text)
+            if meshes:
+                return meshes, "module.mlir"
         for snapshot in self.snapshots:
             if "sdy.mesh" in snapshot.header:
-                return parse_meshes(snapshot.header)
-        return ()
+                return parse_meshes(snapshot.header), "hlo_header"
+        return (), None
 
     @property
     def num_partitions(self) -> int | None:

@@ -12,6 +12,7 @@ Not an MLIR parser: a bracket-aware scan that finds
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -116,6 +117,21 @@ def declarations(text: str) -> str:
     """The module's text before its first function: where ``sdy.mesh`` ops are declared."""
     first_function = text.find("func.func")
     return text if first_function < 0 else text[:first_function]
+
+
+def read_declarations(path: str | os.PathLike[str], chunk: int = 1 << 16) -> str:
+    """:func:`declarations` of the file at ``path``, reading no further than the first function."""
+    pieces: list[bytes] = []
+    with open(path, "rb") as handle:
+        while True:
+            piece = handle.read(chunk)
+            if not piece:
+                break
+            pieces.append(piece)
+            # the marker may straddle two chunks: look at the tail of the previous one too
+            if b"func.func" in (pieces[-2][-16:] if len(pieces) > 1 else b"") + piece:
+                break
+    return declarations(b"".join(pieces).decode("utf-8", "replace"))
 
 
 def parse_mlir_info(text: str) -> MlirInfo:

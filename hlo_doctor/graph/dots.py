@@ -54,9 +54,14 @@ class DotDims:
         return [(r.operand, r.dim) for side in self.roles for r in side if r.output_dim == output_dim]
 
 
-def _ints(instruction: Instruction, key: str) -> tuple[int, ...]:
-    text = instruction.attribute(key)
+def _ints(text: str | None) -> tuple[int, ...]:
     return tuple(parse_int_list(text)) if text else ()
+
+
+_DOT_KEYS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")
+# (the four dims attributes as written, lhs rank, rhs rank) -> roles: a big module has
+# thousands of dots but few distinct dot kinds.
+_CACHE: dict[tuple, DotDims] = {}
 
 
 def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
@@ -65,8 +70,19 @@ def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
         return _convolution_dims(instruction, lhs_rank, rhs_rank)
     if instruction.opcode != "dot":
         raise ValueError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
-    lb, rb = _ints(instruction, "lhs_batch_dims"), _ints(instruction, "rhs_batch_dims")
-    lc, rc = _ints(instruction, "lhs_contracting_dims"), _ints(instruction, "rhs_contracting_dims")
+    texts = {key: value for key, value in instruction.attributes if key in _DOT_KEYS}
+    cache_key = (texts.get("lhs_batch_dims"), texts.get("rhs_batch_dims"), texts.get("lhs_contracting_dims"),
+                 texts.get("rhs_contracting_dims"), lhs_rank, rhs_rank)
+    found = _CACHE.get(cache_key)
+    if found is None:
+        found = _CACHE[cache_key] = _dot_dims(*cache_key)
+    return found
+
+
+def _dot_dims(lb_text: str | None, rb_text: str | None, lc_text: str | None, rc_text: str | None,
+              lhs_rank: int, rhs_rank: int) -> DotDims:
+    lb, rb = _ints(lb_text), _ints(rb_text)
+    lc, rc = _ints(lc_text), _ints(rc_text)
     lf = tuple(d for d in range(lhs_rank) if d not in lb and d not in lc)
     rf = tuple(d for d in range(rhs_rank) if d not in rb and d not in rc)
     lhs: dict[int, DimRole] = {}

@@ -30,6 +30,16 @@ Method
    metadata, e.g. ``partition-id``), to the origins of its nearest matched
    users.
 
+:func:`match_instructions` is the quick form for naming a few ops (a
+rule's findings) without linking whole modules: computations pair as the
+entries, else by name (the partitioner's ``NAME_spmd`` first); for each
+``a`` op, ``b``'s instruction of the same name and opcode in the paired computation; else,
+among the ops of the same opcode and metadata (op_name and frame), the k-th
+of ``a`` pairs with the k-th of ``b`` when both have as many, program order
+kept. That is step 2's answer when operands do not tell twins apart, which
+is how the partitioner leaves the ops it keeps; ops it cannot pair that way
+get None.
+
 Limits: the partitioner keeps metadata but renames freely, so two
 instructions with the same opcode, op_name and frame and no distinguishing
 operands pair in program order, which can swap twins. Inserted instructions
@@ -45,7 +55,7 @@ from dataclasses import dataclass, field
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 
-__all__ = ["SnapshotLink", "link_modules"]
+__all__ = ["SnapshotLink", "link_modules", "match_instructions"]
 
 NodeKey = tuple[str, str]
 
@@ -135,6 +145,41 @@ def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
     finally:
         _META_KEYS.clear()
     return link
+
+
+def match_instructions(a: HloModule, b: HloModule, keys: list[NodeKey]) -> dict[NodeKey, NodeKey | None]:
+    """``b``'s instruction for each of ``a``'s ``keys`` by the quick method (see the module docstring)."""
+    found: dict[NodeKey, NodeKey | None] = {}
+    try:
+        for key in keys:
+            found[key] = _match_one(a, b, key)
+    finally:
+        _META_KEYS.clear()
+    return found
+
+
+def _match_one(a: HloModule, b: HloModule, key: NodeKey) -> NodeKey | None:
+    ca = a.computation(key[0])
+    ia = ca.get(key[1]) if ca is not None else None
+    if ca is None or ia is None:
+        return None
+    if a.entry is not None and ca.name == a.entry.name:
+        cb = b.entry
+    else:  # the SPMD partitioner names a partitioned computation NAME_spmd
+        cb = b.computation(ca.name + "_spmd") or b.computation(ca.name)
+    if cb is None:
+        return None
+    same = cb.get(ia.name)
+    if same is not None and same.opcode == ia.opcode:
+        return (cb.name, same.name)
+    meta = _meta_key(ia)
+    if meta is None:
+        return None
+    twins_a = [i for i in ca.instructions if i.opcode == ia.opcode and _meta_key(i) == meta]
+    twins_b = [i for i in cb.instructions if i.opcode == ia.opcode and _meta_key(i) == meta]
+    if len(twins_a) != len(twins_b):
+        return None
+    return (cb.name, twins_b[twins_a.index(ia)].name)
 
 
 def _link_computation(link: SnapshotLink, ca: Computation, cb: Computation) -> None:

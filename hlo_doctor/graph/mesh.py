@@ -386,7 +386,7 @@ def _from_sdy(dump_module: DumpModule, num_partitions: int | None) -> Mesh | Non
     meshes = [m for m in dump_module.meshes if m.axes]
     if not meshes:
         return None
-    source = "module.mlir" if dump_module.mlir is not None and dump_module.mlir.meshes else "hlo_header"
+    source = dump_module.meshes_source or "hlo_header"
     fitting = [m for m in meshes if num_partitions is None or m.num_devices == num_partitions] or meshes
     chosen = next((m for m in fitting if m.name == "mesh"), None) or max(fitting, key=lambda m: m.num_devices)
     ids = chosen.device_ids or tuple(range(chosen.num_devices))

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import heapq
 import re
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hlo_doctor.graph.dataflow import PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey
+from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey, dataflow_order
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
@@ -61,6 +61,17 @@ _DONE = frozenset({"all-gather-done", "all-reduce-done", "collective-permute-don
                    "recv-done"})
 _START = frozenset({"all-gather-start", "all-reduce-start", "collective-permute-start", "copy-start"})
 _DOTS = frozenset({"dot", "convolution"})
+# Ops whose array value keeps the positions of its operands of the same rank.
+_SIMPLE = frozenset({
+    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "copy", "cosine",
+    "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
+    "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "popcnt", "power", "real",
+    "reduce-precision", "remainder", "round-nearest-afz", "round-nearest-even", "rsqrt", "select",
+    "shift-left", "shift-right-arithmetic", "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan",
+    "tanh", "xor", "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+    "collective-broadcast", "slice", "dynamic-slice", "pad", "concatenate", "bitcast-convert", "optimization-barrier",
+    "stochastic-convert", "clz", "custom-call",
+})
 
 Pairs = frozenset  # of (parameter number, dim)
 _EMPTY: Pairs = frozenset()
@@ -94,18 +105,23 @@ class BatchAnalysis:
     batch_inputs: frozenset[int]
     weights: frozenset[int]  # buffer donors (torch_xla training steps), else empty
     global_batch: dict[int, int]  # batch input -> its global dim-0 size
-    values: dict[NodeKey, object]
+    values: list  # node id -> its pairs (a frozenset, or a tuple of values for a tuple)
     inputs: dict[int, Instruction]
 
     def batch_dims(self, key: NodeKey) -> dict[int, int]:
         """dim -> the batch input it carries, for an array value (empty: not an activation)."""
-        value = self.values.get(key, _EMPTY)
+        node = self.graph.id_of(key)
+        value = self.values[node] if node is not None else _EMPTY
         if not isinstance(value, frozenset):
             return {}
         return {dim: param for param, dim in sorted(value) if param in self.batch_inputs}
 
     def derives_from_batch(self, key: NodeKey) -> bool:
-        return any(self.graph.derives_from_parameter(key, p) for p in self.batch_inputs)
+        node = self.graph.id_of(key)
+        if node is None:
+            return False
+        bits = self.graph.parameter_bits(node)
+        return any(bits >> p & 1 for p in self.batch_inputs)
 
     def batch_replicated(self, key: NodeKey, dim: int, param: int) -> bool:
         """Whether the value holds the whole global batch along ``dim`` (per-device shapes)."""
@@ -158,33 +174,41 @@ def analyze_batch(ctx: RuleContext, module: HloModule, graph: DataflowGraph, *, 
     # First each candidate's dim 0 up to the dots it reaches directly: a weight meets them as the rhs
     # (and its output features, which may be a later dot's head/batch dims, must not count); then the
     # batch inputs' dim through everything.
-    seeds = {(entry.name, p.name): frozenset({(n, 0)}) for n, p in candidates.items()} if entry is not None else {}
-    batch = _batch_inputs(graph, _propagate(graph, seeds, through_dots=False), set(candidates))
-    values = _propagate(graph, {k: v for k, v in seeds.items() if next(iter(v))[0] in batch}, through_dots=True)
+    seeds: dict[int, Pairs] = {}
+    if entry is not None:
+        local = graph.computation_ids(entry.name)
+        seeds = {local[p.name]: frozenset({(n, 0)}) for n, p in candidates.items() if p.name in local}
+    propagation = _Propagation(graph)
+    first, touched = propagation.run(seeds, through_dots=False)
+    batch = _batch_inputs(graph, first, touched, set(candidates))
+    values, _ = propagation.run({k: v for k, v in seeds.items() if next(iter(v))[0] in batch}, through_dots=True)
     return BatchAnalysis(module, graph, frozenset(batch), donors,
                          {p: global_batch[p] for p in batch}, values, {p: candidates[p] for p in batch})
 
 
-def _batch_inputs(graph: DataflowGraph, values: dict, candidates: set[int]) -> set[int]:
+def _batch_inputs(graph: DataflowGraph, values: list, touched: list[int], candidates: set[int]) -> set[int]:
     found: set[int] = set()
-    for key in graph.nx.nodes:
-        instruction = graph.instruction(key)
+    instruction_at = graph.instruction_at
+    for node in touched:
+        if len(found) == len(candidates):
+            break
+        instruction = instruction_at[node]
         if instruction.opcode not in _DOTS or len(instruction.operands) < 2:
             continue
-        lhs, rhs = (key[0], instruction.operands[0]), (key[0], instruction.operands[1])
-        if lhs not in graph or rhs not in graph:
+        lhs, rhs = graph.operand_ids[node][:2]
+        if lhs == NO_NODE or rhs == NO_NODE:
             continue
-        lhs_value = values.get(lhs, _EMPTY)
+        lhs_value = values[lhs]
         if not isinstance(lhs_value, frozenset) or not lhs_value:
             continue
         try:
-            roles = dot_dims(instruction, graph.instruction(lhs).shape.rank, graph.instruction(rhs).shape.rank)
+            roles = dot_dims(instruction, instruction_at[lhs].shape.rank, instruction_at[rhs].shape.rank)
         except (ValueError, KeyError, IndexError):
             continue
         for param, dim in lhs_value:
             if param in found or param not in candidates or dim >= len(roles.roles[0]):
                 continue
-            if roles.role(0, dim).role in ("free", "batch") and not graph.derives_from_parameter(rhs, param):
+            if roles.role(0, dim).role in ("free", "batch") and not graph.parameter_bits(rhs) >> param & 1:
                 found.add(param)
     return found
 
@@ -193,146 +217,225 @@ def _batch_inputs(graph: DataflowGraph, values: dict, candidates: set[int]) -> s
 # Propagation
 
 
-def _propagate(graph: DataflowGraph, seeds: dict[NodeKey, Pairs], *, through_dots: bool) -> dict[NodeKey, object]:
-    values: dict[NodeKey, object] = {}
-    if not seeds:
-        return values
-    nodes = graph.nx.nodes
-    pred = graph.nx.pred
-    succ = graph.nx.succ
-    # Only values downstream of a seed can carry pairs.
-    reach: set[NodeKey] = set(seeds) | graph.downstream_of_any(seeds)
-    order = [k for c in graph.module.computations for k in ((c.name, i.name) for i in c.instructions) if k in reach]
-    queue: deque[NodeKey] = deque(order)
-    queued = set(order)
-    entry = graph.module.entry.name if graph.module.entry is not None else None
-    while queue:
-        key = queue.popleft()
-        queued.discard(key)
-        if key in seeds:
-            new = seeds[key]
-        else:
-            instruction = nodes[key]["instruction"]
-            if not through_dots and instruction.opcode in _DOTS:
-                new = _EMPTY
+class _Propagation:
+    """Pairs moved forward from seed values, visiting only nodes a seed reaches.
+
+    Nodes are taken from a heap in dataflow order, so (but for loops' back
+    edges) each is computed once, after everything it reads; a loop repeats
+    until its values stop growing.
+    """
+
+    def __init__(self, graph: DataflowGraph) -> None:
+        self.graph = graph
+        order = dataflow_order(graph)
+        self.position = position = [0] * len(graph.instruction_at)
+        for index, node in enumerate(order):
+            position[node] = index
+        entry = graph.module.entry
+        self.entry_ids = graph.computation_range(entry.name) if entry is not None else range(0)
+
+    def run(self, seeds: dict[int, Pairs], *, through_dots: bool) -> tuple[list, list[int]]:
+        """Every node's value (a list by id, with an always-empty slot for NO_NODE) and the nodes visited."""
+        graph = self.graph
+        values: list = [_EMPTY] * (len(graph.instruction_at) + 1)
+        touched: list[int] = []
+        if not seeds:
+            return values, touched
+        position = self.position
+        instruction_at = graph.instruction_at
+        targets_of = graph.targets_of
+        heap = [(position[node], node) for node in seeds]
+        heapq.heapify(heap)
+        queued = set(seeds)
+        pop, push = heapq.heappop, heapq.heappush
+        transfer = _Transfer(graph, values, self.entry_ids)
+        while heap:
+            _, node = pop(heap)
+            queued.discard(node)
+            if node in seeds:
+                new = seeds[node]
             else:
-                new = _transfer(graph, key, instruction, values, pred[key], entry)
-        if new != values.get(key, _EMPTY):
-            values[key] = new
-            for target in succ[key]:
-                if target in reach and target not in queued:
-                    queue.append(target)
-                    queued.add(target)
-    return values
-
-
-def _operand(values, computation: str, name: str):
-    return values.get((computation, name), _EMPTY)
+                instruction = instruction_at[node]
+                if not through_dots and instruction.opcode in _DOTS:
+                    new = _EMPTY
+                else:
+                    new = transfer(node, instruction)
+            touched.append(node)
+            if new != values[node]:
+                values[node] = new
+                for target in targets_of(node):
+                    if target not in queued:
+                        queued.add(target)
+                        push(heap, (position[target], target))
+        return values, touched
 
 
 def _array(value) -> Pairs:
-    return value if isinstance(value, frozenset) else _flatten(value)
+    return value if value.__class__ is frozenset else _flatten(value)
 
 
 def _keep(value: Pairs, rank: int) -> Pairs:
     return frozenset(p for p in value if p[1] < rank)
 
 
-def _transfer(graph, key, instruction: Instruction, values, incoming, entry) -> object:
-    opcode = instruction.opcode
-    computation = key[0]
-    shape = instruction.shape
-    if opcode in _SOURCES:
-        return _EMPTY
-    if opcode == "parameter":
-        if computation == entry:
+class _Transfer:
+    """The value of one node from the values of what it reads (see the module docstring)."""
+
+    def __init__(self, graph: DataflowGraph, values: list, entry_ids: range) -> None:
+        self.graph = graph
+        self.values = values
+        self.entry_ids = entry_ids
+        self.operand_ids = graph.operand_ids
+        self.instruction_at = graph.instruction_at
+        self.calls_into = graph.calls_into
+
+    def joined(self, node: int, kinds: frozenset[str]):
+        value = _EMPTY
+        values = self.values
+        for source, kind in self.calls_into.get(node, ()):
+            if kind in kinds:
+                value = _join(value, values[source])
+        return value
+
+    def __call__(self, node: int, instruction: Instruction) -> object:
+        opcode = instruction.opcode
+        values = self.values
+        sources = self.operand_ids[node]
+        shape = instruction.shape
+        if opcode in _SIMPLE and not shape.is_tuple:
+            # Position-keeping ops (elementwise, converts, copies, collectives,
+            # slices, pads, concatenates, selects): the operands of the same rank.
+            rank = shape.rank
+            instruction_at = self.instruction_at
+            if len(sources) == 1:
+                source = sources[0]
+                value = values[source]
+                if not value or source == NO_NODE:
+                    return _EMPTY
+                operand_shape = instruction_at[source].shape
+                if operand_shape.is_tuple or operand_shape.rank != rank:
+                    return _EMPTY
+                return _array(value)
+            found = None
+            for source in sources:
+                value = values[source]
+                if not value or source == NO_NODE:
+                    continue
+                operand_shape = instruction_at[source].shape
+                if operand_shape.is_tuple or operand_shape.rank != rank:
+                    continue
+                value = _array(value)
+                found = value if found is None or found == value else found | value
+            return _EMPTY if found is None else found
+        if opcode in _SOURCES:
             return _EMPTY
-        value = _EMPTY
-        for source, data in incoming.items():
-            if data.get("kind") in PARAM_KINDS:
-                value = _join(value, values.get(source, _EMPTY))
-        return value
-    if opcode in _CALLERS:
-        value = _EMPTY
-        for source, data in incoming.items():
-            if data.get("kind") in ROOT_KINDS:
-                value = _join(value, values.get(source, _EMPTY))
-        return value
-    operands = instruction.operands
-    if opcode == "tuple":
-        return tuple(_operand(values, computation, o) for o in operands)
-    if opcode == "get-tuple-element":
-        source = _operand(values, computation, operands[0]) if operands else _EMPTY
-        index = instruction.attribute("index")
-        if isinstance(source, tuple) and index and index.isdigit() and int(index) < len(source):
-            return source[int(index)]
-        return _keep(_array(source), shape.rank) if not shape.is_tuple else source
-    if opcode in _START or opcode in _DONE or opcode in ("async-start", "async-update"):
-        value = _EMPTY
-        for o in operands:
-            value |= _array(_operand(values, computation, o))
-        return value if not shape.is_tuple else tuple(value for _ in shape.tuple_shapes)
-    if shape.is_tuple:
-        # Variadic ops (reduce, sort, all-gather of several operands ...): element i from operand i.
-        elements = []
-        for i, leaf in enumerate(shape.tuple_shapes):
-            value = _array(_operand(values, computation, operands[i])) if i < len(operands) else _EMPTY
-            elements.append(_keep(value, leaf.rank) if not leaf.is_tuple else _EMPTY)
+        if opcode == "parameter":
+            return _EMPTY if node in self.entry_ids else self.joined(node, PARAM_KINDS)
+        if opcode in _CALLERS:
+            return self.joined(node, ROOT_KINDS)
+        if opcode == "tuple":
+            return tuple(values[s] for s in sources)
+        if opcode == "get-tuple-element":
+            source = values[sources[0]] if sources else _EMPTY
+            index = instruction.attribute("index")
+            if isinstance(source, tuple) and index and index.isdigit() and int(index) < len(source):
+                return source[int(index)]
+            return _keep(_array(source), shape.rank) if not shape.is_tuple else source
+        if opcode in _START or opcode in _DONE or opcode in ("async-start", "async-update"):
+            value = _EMPTY
+            for s in sources:
+                value |= _array(values[s])
+            return value if not shape.is_tuple else tuple(value for _ in shape.tuple_shapes)
+        if shape.is_tuple:
+            # Variadic ops (reduce, sort, all-gather of several operands ...): element i from operand i.
+            elements = []
+            for i, leaf in enumerate(shape.tuple_shapes):
+                value = _array(values[sources[i]]) if i < len(sources) else _EMPTY
+                elements.append(_keep(value, leaf.rank) if not leaf.is_tuple else _EMPTY)
+            if opcode == "reduce":
+                return tuple(_reduce(instruction, e, self.operand_rank(sources, 0)) for e in elements)
+            return tuple(elements)
+        if opcode in _DOTS:
+            return self.dot(instruction, sources)
+        source = _array(values[sources[0]]) if sources else _EMPTY
+        if opcode == "transpose":
+            if not source:
+                return _EMPTY
+            perm = instruction.dimensions or ()
+            return frozenset((p, perm.index(d)) for p, d in source if d in perm)
+        if opcode == "broadcast":
+            if not source:
+                return _EMPTY
+            dims = instruction.dimensions or ()
+            return frozenset((p, dims[d]) for p, d in source if d < len(dims))
+        if opcode in ("reshape", "bitcast", "dynamic-reshape"):
+            if not source or sources[0] == NO_NODE:
+                return _EMPTY
+            operand = self.instruction_at[sources[0]]
+            if operand.shape.is_tuple:
+                return _EMPTY
+            if opcode == "bitcast":
+                return _bitcast(source, operand.shape, shape)
+            return _reshape(source, operand.shape.dims, shape.dims)
         if opcode == "reduce":
-            return tuple(_reduce(instruction, e, graph, computation, operands) for e in elements)
-        return tuple(elements)
-    rank = shape.rank
-    if opcode in _DOTS:
-        return _dot(graph, key, instruction, values)
-    if opcode == "transpose":
-        perm = instruction.dimensions or ()
-        source = _array(_operand(values, computation, operands[0]))
-        return frozenset((p, perm.index(d)) for p, d in source if d in perm)
-    if opcode == "broadcast":
-        dims = instruction.dimensions or ()
-        source = _array(_operand(values, computation, operands[0]))
-        return frozenset((p, dims[d]) for p, d in source if d < len(dims))
-    if opcode in ("reshape", "bitcast", "dynamic-reshape"):
-        operand = graph.instruction((computation, operands[0])) if (computation, operands[0]) in graph else None
-        if operand is None or operand.shape.is_tuple:
+            return _reduce(instruction, source, self.operand_rank(sources, 0))
+        if opcode == "gather":
+            return self.gather(instruction, sources)
+        if opcode in ("scatter", "dynamic-update-slice"):
+            return _keep(source, shape.rank)
+        # Any other op: the operands of the same rank keep their positions.
+        rank = shape.rank
+        found: set = set()
+        for s in sources:
+            if s == NO_NODE:
+                continue
+            operand_shape = self.instruction_at[s].shape
+            if operand_shape.rank == rank and not operand_shape.is_tuple:
+                found |= _array(values[s])
+        return frozenset(found)
+
+    def operand_rank(self, sources: tuple[int, ...], index: int) -> int:
+        if index >= len(sources) or sources[index] == NO_NODE:
+            return 0
+        shape = self.instruction_at[sources[index]].shape
+        return 0 if shape.is_tuple else shape.rank
+
+    def dot(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
+        values = self.values
+        if len(sources) < 2 or NO_NODE in sources[:2]:
             return _EMPTY
-        source = _array(_operand(values, computation, operands[0]))
-        if opcode == "bitcast":
-            return _bitcast(source, operand.shape, shape)
-        return _reshape(source, operand.shape.dims, shape.dims)
-    if opcode == "reduce":
-        return _reduce(instruction, _array(_operand(values, computation, operands[0])), graph, computation, operands)
-    if opcode == "gather":
-        return _gather(instruction, graph, computation, values)
-    if opcode in ("scatter", "dynamic-update-slice"):
-        return _keep(_array(_operand(values, computation, operands[0])), rank)
-    # Position-keeping ops: elementwise, converts, copies, collectives, slices, pads, concatenates ...
-    value: set = set()
-    for o in operands:
-        okey = (computation, o)
-        if okey in graph and graph.instruction(okey).shape.rank == rank and not graph.instruction(okey).shape.is_tuple:
-            value |= _array(values.get(okey, _EMPTY))
-    return frozenset(value)
+        lhs_value, rhs_value = _array(values[sources[0]]), _array(values[sources[1]])
+        if not lhs_value and not rhs_value:
+            return _EMPTY
+        lhs, rhs = self.instruction_at[sources[0]], self.instruction_at[sources[1]]
+        try:
+            roles = dot_dims(instruction, lhs.shape.rank, rhs.shape.rank)
+        except (ValueError, IndexError, KeyError):
+            return _EMPTY
+        out: set = set()
+        for side, value in enumerate((lhs_value, rhs_value)):
+            for p, d in value:
+                if d < len(roles.roles[side]):
+                    role = roles.role(side, d)
+                    if role.role in ("free", "batch") and role.output_dim is not None:
+                        out.add((p, role.output_dim))
+        return frozenset(out)
 
-
-def _dot(graph, key, instruction: Instruction, values) -> Pairs:
-    computation = key[0]
-    operands = instruction.operands
-    if len(operands) < 2:
-        return _EMPTY
-    lhs, rhs = graph.instruction((computation, operands[0])), graph.instruction((computation, operands[1]))
-    try:
-        roles = dot_dims(instruction, lhs.shape.rank, rhs.shape.rank)
-    except (ValueError, IndexError, KeyError):
-        return _EMPTY
-    out: set = set()
-    for side, name in enumerate(operands[:2]):
-        for p, d in _array(values.get((computation, name), _EMPTY)):
-            if d < len(roles.roles[side]):
-                role = roles.role(side, d)
-                if role.role in ("free", "batch") and role.output_dim is not None:
-                    out.add((p, role.output_dim))
-    return frozenset(out)
+    def gather(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
+        if len(sources) < 2 or sources[1] == NO_NODE:
+            return _EMPTY
+        indices = self.instruction_at[sources[1]].shape
+        offset_text = instruction.attribute("offset_dims")
+        offset = set(parse_int_list(offset_text)) if offset_text else set()
+        vector_text = instruction.attribute("index_vector_dim")
+        vector = int(vector_text) if vector_text and vector_text.lstrip("-").isdigit() else indices.rank
+        batch_out = [d for d in range(instruction.shape.rank) if d not in offset]
+        batch_in = [d for d in range(indices.rank) if d != vector]
+        out = set()
+        for p, d in _array(self.values[sources[1]]):
+            if d in batch_in and batch_in.index(d) < len(batch_out):
+                out.add((p, batch_out[batch_in.index(d)]))
+        return frozenset(out)
 
 
 def _reshape(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]) -> Pairs:
@@ -391,30 +494,12 @@ def _reshape_groups(before: tuple[int, ...], after: tuple[int, ...]) -> list[tup
     return groups
 
 
-def _reduce(instruction: Instruction, source: Pairs, graph, computation, operands) -> Pairs:
+def _reduce(instruction: Instruction, source: Pairs, rank: int) -> Pairs:
+    if not source:
+        return _EMPTY
     reduced = set(instruction.dimensions or ())
-    okey = (computation, operands[0]) if operands else None
-    rank = graph.instruction(okey).shape.rank if okey in graph and not graph.instruction(okey).shape.is_tuple else 0
     kept = [d for d in range(rank) if d not in reduced]
     return frozenset((p, kept.index(d)) for p, d in source if d in kept)
-
-
-def _gather(instruction: Instruction, graph, computation, values) -> Pairs:
-    operands = instruction.operands
-    if len(operands) < 2 or (computation, operands[1]) not in graph:
-        return _EMPTY
-    indices = graph.instruction((computation, operands[1])).shape
-    offset_text = instruction.attribute("offset_dims")
-    offset = set(parse_int_list(offset_text)) if offset_text else set()
-    vector_text = instruction.attribute("index_vector_dim")
-    vector = int(vector_text) if vector_text and vector_text.lstrip("-").isdigit() else indices.rank
-    batch_out = [d for d in range(instruction.shape.rank) if d not in offset]
-    batch_in = [d for d in range(indices.rank) if d != vector]
-    out = set()
-    for p, d in _array(values.get((computation, operands[1]), _EMPTY)):
-        if d in batch_in and batch_in.index(d) < len(batch_out):
-            out.add((p, batch_out[batch_in.index(d)]))
-    return frozenset(out)
 
 
 # --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.graph.dataflow import build_graph
-from hlo_doctor.graph.linking import link_modules
+from hlo_doctor.graph.linking import link_modules, match_instructions
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
@@ -97,7 +97,7 @@ class NonBatchDimSharding(Rule):
         analysis = analyze_batch(ctx, module, graph, per_device=False)
         if not analysis.batch_inputs:
             return
-        link = None
+        judged = []
         for computation in module.computations:
             for instruction in computation.instructions:
                 if instruction.opcode not in _DOTS or instruction.shape.is_tuple:
@@ -105,11 +105,23 @@ class NonBatchDimSharding(Rule):
                 if instruction.shape.byte_size < self.options.min_bytes:
                     continue
                 found = self._judge(analysis, computation.name, instruction)
-                if found is None:
-                    continue
-                if link is None and ctx.partitioned is not None:
-                    link = link_modules(module, ctx.partitioned)
-                yield self._finding(ctx, analysis, computation.name, instruction, link, *found)
+                if found is not None:
+                    judged.append((computation.name, instruction, found))
+        names = self._partitioned_names(module, ctx.partitioned, [(c, i.name) for c, i, _ in judged])
+        for computation, instruction, found in judged:
+            yield self._finding(ctx, analysis, computation, instruction, names.get((computation, instruction.name)),
+                                *found)
+
+    @staticmethod
+    def _partitioned_names(module, partitioned, keys):
+        """Each judged dot's name after partitioning: the quick pairing, else the whole-module link."""
+        if not keys or partitioned is None:
+            return {}
+        names = match_instructions(module, partitioned, keys)
+        if any(name is None for name in names.values()):
+            link = link_modules(module, partitioned)
+            names = {key: name or link.matched(key) for key, name in names.items()}
+        return {key: name[1] for key, name in names.items() if name is not None}
 
     def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
         key = (computation, dot.name)
@@ -135,7 +147,8 @@ class NonBatchDimSharding(Rule):
                         return dim, param, sharded, operand, in_dim, in_tiles[in_dim]
         return None
 
-    def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction, link,
+    def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction,
+                 partitioned_name: str | None,
                  batch_dim: int, param: int, sharded: list[int], operand: Instruction, in_dim: int,
                  in_shards: int) -> Finding:
         mesh = ctx.mesh
@@ -150,11 +163,7 @@ class NonBatchDimSharding(Rule):
         spec: list = [None] * dot.shape.rank
         spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
-        name = dot.name
-        if link is not None:
-            matched = link.matched((computation, dot.name))
-            if matched is not None:
-                name = matched[1]
+        name = partitioned_name or dot.name
         message = (
             f"{dot.opcode} {dot.name} ({dot.shape}) leaves its batch dimension {batch_dim} replicated and "
             f"shards {where}, although its input {operand.name} is batch-sharded {in_shards} ways "

@@ -85,25 +85,39 @@ class UnevenShardingPadding(Rule):
             return
         # (size, shards) -> [(instruction, dim, bytes, tiles per dim)]
         uneven: dict[tuple[int, int], list[tuple[Instruction, int, int, tuple[int, ...]]]] = {}
+        # Thousands of values share a few (sharding, shape) pairs: judge each pair once.
+        judged: dict[tuple, tuple[tuple[int, int, int, int, tuple[int, ...]], ...]] = {}
         for _, instruction in module.instructions():
-            sharding = instruction.sharding
-            if sharding is None or sharding.kind not in (ShardingKind.TILED, ShardingKind.TUPLE):
+            text = instruction.attribute("sharding")
+            if text is None:
                 continue
-            try:
-                leaves = layouts(sharding, instruction.shape, ctx.num_partitions)
-            except ValueError:
-                continue
-            for leaf in leaves:
-                if leaf.shape.byte_size < self.options.min_bytes:
-                    continue
-                for dim, (size, tiles, pad) in enumerate(zip(leaf.shape.dims, leaf.tiles_per_dim, leaf.padding)):
-                    if pad > 0 and tiles > 1:
-                        uneven.setdefault((size, tiles), []).append(
-                            (instruction, dim, leaf.shape.byte_size, leaf.tiles_per_dim)
-                        )
+            key = (text, instruction.shape)
+            found = judged.get(key)
+            if found is None:
+                found = judged[key] = self._uneven_dims(instruction, ctx.num_partitions)
+            for dim, size, tiles, nbytes, tiles_per_dim in found:
+                uneven.setdefault((size, tiles), []).append((instruction, dim, nbytes, tiles_per_dim))
         per_device = ctx.partitioned
         for (size, shards), values in sorted(uneven.items()):
             yield self._finding(ctx, size, shards, values, per_device)
+
+    def _uneven_dims(self, instruction: Instruction, num_partitions: int) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
+        """(dim, size, shards, leaf bytes, tiles per dim) of every padded dim of the value's leaves."""
+        sharding = instruction.sharding
+        if sharding is None or sharding.kind not in (ShardingKind.TILED, ShardingKind.TUPLE):
+            return ()
+        try:
+            leaves = layouts(sharding, instruction.shape, num_partitions)
+        except ValueError:
+            return ()
+        found = []
+        for leaf in leaves:
+            if leaf.shape.byte_size < self.options.min_bytes:
+                continue
+            for dim, (size, tiles, pad) in enumerate(zip(leaf.shape.dims, leaf.tiles_per_dim, leaf.padding)):
+                if pad > 0 and tiles > 1:
+                    found.append((dim, size, tiles, leaf.shape.byte_size, leaf.tiles_per_dim))
+        return tuple(found)
 
     def _finding(self, ctx, size, shards, values, per_device) -> Finding:
         shard = -(-size // shards)
