@@ -183,6 +183,19 @@ class DataflowGraph:
             return self.user_ids[node]
         return self.user_ids[node] + [target for target, _ in extra]
 
+    @cached_property
+    def dataflow_order(self) -> list[int]:
+        """Node ids in dataflow order (see :func:`dataflow_order`), made once."""
+        return dataflow_order(self)
+
+    @cached_property
+    def dataflow_position(self) -> list[int]:
+        """Node id -> its index in :attr:`dataflow_order`."""
+        position = [0] * len(self.instruction_at)
+        for index, node in enumerate(self.dataflow_order):
+            position[node] = index
+        return position
+
     # ---- key-level views -------------------------------------------------
     @cached_property
     def pred(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
@@ -592,11 +605,9 @@ def dataflow_order(graph: DataflowGraph) -> list[int]:
     return order
 
 
-def back_edge_targets(graph: DataflowGraph, order: list[int]) -> list[int]:
-    """Nodes that read a value placed at or after them in ``order`` (loops, shared callees)."""
-    position = [0] * len(graph.instruction_at)
-    for index, node in enumerate(order):
-        position[node] = index
+def back_edge_targets(graph: DataflowGraph) -> list[int]:
+    """Nodes that read a value placed at or after them in the dataflow order (loops, shared callees)."""
+    position = graph.dataflow_position
     found: list[int] = []
     # Operand edges within a computation run forward in id order (a later
     # definition is rare): only those and the cross-computation edges can go back.
@@ -664,12 +675,11 @@ def _propagate(graph: DataflowGraph) -> list:
             value = _join(value, values[source])
         return value
 
-    order = dataflow_order(graph)
-    for node in order:
+    for node in graph.dataflow_order:
         values[node] = transfer(node)
     # Back edges (loops, computations called from several sites): iterate to
     # the fixpoint; values only grow, so this ends.
-    queue: deque[int] = deque(back_edge_targets(graph, order))
+    queue: deque[int] = deque(back_edge_targets(graph))
     queued = set(queue)
     while queue:
         node = queue.popleft()

@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey, dataflow_order
+from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
@@ -61,6 +61,9 @@ _DONE = frozenset({"all-gather-done", "all-reduce-done", "collective-permute-don
                    "recv-done"})
 _START = frozenset({"all-gather-start", "all-reduce-start", "collective-permute-start", "copy-start"})
 _DOTS = frozenset({"dot", "convolution"})
+# Ops whose one array operand's dims move to output dims by a fixed map.
+_MAPPED = frozenset({"transpose", "broadcast", "reshape", "bitcast", "dynamic-reshape", "reduce"})
+_MISSING = object()
 # Ops whose array value keeps the positions of its operands of the same rank.
 _SIMPLE = frozenset({
     "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "copy", "cosine",
@@ -227,12 +230,10 @@ class _Propagation:
 
     def __init__(self, graph: DataflowGraph) -> None:
         self.graph = graph
-        order = dataflow_order(graph)
-        self.position = position = [0] * len(graph.instruction_at)
-        for index, node in enumerate(order):
-            position[node] = index
+        self.position = graph.dataflow_position
         entry = graph.module.entry
         self.entry_ids = graph.computation_range(entry.name) if entry is not None else range(0)
+        self.transfer = _Transfer(graph, self.entry_ids)
 
     def run(self, seeds: dict[int, Pairs], *, through_dots: bool) -> tuple[list, list[int]]:
         """Every node's value (a list by id, with an always-empty slot for NO_NODE) and the nodes visited."""
@@ -244,29 +245,52 @@ class _Propagation:
         position = self.position
         instruction_at = graph.instruction_at
         targets_of = graph.targets_of
-        heap = [(position[node], node) for node in seeds]
-        heapq.heapify(heap)
-        queued = set(seeds)
-        pop, push = heapq.heappop, heapq.heappush
-        transfer = _Transfer(graph, values, self.entry_ids)
-        while heap:
-            _, node = pop(heap)
-            queued.discard(node)
+        transfer = self.transfer
+        transfer.values = values
+        # One sweep in dataflow order computes each node after what it reads;
+        # a value that reaches an earlier node (a loop's back edge) queues it for
+        # the fixpoint below.
+        dirty = bytearray(len(instruction_at))
+        for node in seeds:
+            dirty[node] = 1
+        back: list[int] = []
+
+        def compute(node: int) -> object:
             if node in seeds:
-                new = seeds[node]
-            else:
-                instruction = instruction_at[node]
-                if not through_dots and instruction.opcode in _DOTS:
-                    new = _EMPTY
-                else:
-                    new = transfer(node, instruction)
+                return seeds[node]
+            instruction = instruction_at[node]
+            if not through_dots and instruction.opcode in _DOTS:
+                return _EMPTY
+            return transfer(node, instruction)
+
+        for node in graph.dataflow_order:
+            if not dirty[node]:
+                continue
+            new = compute(node)
+            touched.append(node)
+            if new != values[node]:
+                values[node] = new
+                here = position[node]
+                for target in targets_of(node):
+                    if position[target] > here:
+                        dirty[target] = 1
+                    else:
+                        back.append(target)
+        # The fixpoint, over a heap in dataflow order: values only grow, so this ends.
+        heap = [(position[node], node) for node in set(back)]
+        heapq.heapify(heap)
+        queued = {node for _, node in heap}
+        while heap:
+            _, node = heapq.heappop(heap)
+            queued.discard(node)
+            new = compute(node)
             touched.append(node)
             if new != values[node]:
                 values[node] = new
                 for target in targets_of(node):
                     if target not in queued:
                         queued.add(target)
-                        push(heap, (position[target], target))
+                        heapq.heappush(heap, (position[target], target))
         return values, touched
 
 
@@ -278,16 +302,102 @@ def _keep(value: Pairs, rank: int) -> Pairs:
     return frozenset(p for p in value if p[1] < rank)
 
 
+# Dim maps by what determines them (see _Transfer._dim_maps): a module repeats a few kinds of op.
+_MAPS: dict[tuple, tuple[tuple[int, ...], ...] | None] = {}
+
+
+def roles_map(roles) -> tuple[tuple[int, ...], ...]:
+    """Per dot operand: the output dim of each free or batch dim, -1 for the others."""
+    return tuple(
+        tuple(r.output_dim if r.role in ("free", "batch") and r.output_dim is not None else -1 for r in side)
+        for side in roles.roles
+    )
+
+
+def _dim_map(key: tuple) -> tuple[tuple[int, ...], ...]:
+    opcode = key[0]
+    if opcode == "transpose":
+        _, perm, rank = key
+        return (tuple(perm.index(d) if d in perm else -1 for d in range(rank)),)
+    if opcode == "broadcast":
+        _, dims, rank = key
+        return (tuple(dims[d] if d < len(dims) else -1 for d in range(rank)),)
+    if opcode == "reduce":
+        _, reduced, rank = key
+        kept = [d for d in range(rank) if d not in reduced]
+        return (tuple(kept.index(d) if d in kept else -1 for d in range(rank)),)
+    # reshape / bitcast: follow each dim alone through the general rule
+    if opcode == "bitcast":
+        _, before, after = key
+        moved = [_bitcast(frozenset({(0, d)}), before, after) for d in range(before.rank)]
+    else:
+        _, before_dims, after_dims = key
+        moved = [_reshape(frozenset({(0, d)}), before_dims, after_dims) for d in range(len(before_dims))]
+    return (tuple(next(iter(out))[1] if out else -1 for out in moved),)
+
+
 class _Transfer:
     """The value of one node from the values of what it reads (see the module docstring)."""
 
-    def __init__(self, graph: DataflowGraph, values: list, entry_ids: range) -> None:
+    def __init__(self, graph: DataflowGraph, entry_ids: range) -> None:
         self.graph = graph
-        self.values = values
+        self.values: list = []
         self.entry_ids = entry_ids
         self.operand_ids = graph.operand_ids
         self.instruction_at = graph.instruction_at
         self.calls_into = graph.calls_into
+        # Per node, how its operand's dims map to its own (see _dim_map), made once and
+        # kept across runs; and each (map, pairs) result, as unrolled layers repeat them.
+        self.maps: dict[int, tuple[tuple[int, ...], ...] | None] = {}
+        self.applied: dict[tuple, Pairs] = {}
+
+    def apply(self, mapping: tuple[int, ...], source: Pairs) -> Pairs:
+        """``source``'s pairs with dim ``d`` moved to ``mapping[d]`` (dropped where -1)."""
+        if not source:
+            return _EMPTY
+        key = (mapping, source)
+        found = self.applied.get(key)
+        if found is None:
+            size = len(mapping)
+            found = self.applied[key] = frozenset(
+                (p, mapping[d]) for p, d in source if d < size and mapping[d] >= 0
+            )
+        return found
+
+    def dim_maps(self, node: int, instruction: Instruction) -> tuple[tuple[int, ...], ...] | None:
+        found = self.maps.get(node, _MISSING)
+        if found is _MISSING:
+            found = self.maps[node] = self._dim_maps(instruction, self.operand_ids[node])
+        return found  # type: ignore[return-value]
+
+    def _dim_maps(self, instruction: Instruction, sources: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+        """Per operand (one; two for a dot), where each of its dims goes in the output (-1: nowhere)."""
+        opcode = instruction.opcode
+        if not sources or NO_NODE in sources[:2]:
+            return None
+        operand = self.instruction_at[sources[0]].shape
+        if operand.is_tuple:
+            return None
+        rank = operand.rank
+        if opcode in _DOTS:
+            if len(sources) < 2:
+                return None
+            rhs = self.instruction_at[sources[1]].shape
+            try:
+                roles = dot_dims(instruction, rank, rhs.rank)
+            except (ValueError, IndexError, KeyError):
+                return None
+            key: tuple = ("dot", id(roles))  # dot_dims keeps each DotDims alive in its cache
+        elif opcode in ("transpose", "broadcast", "reduce"):
+            key = (opcode, instruction.dimensions or (), rank)
+        elif opcode == "bitcast":
+            key = (opcode, operand, instruction.shape)
+        else:
+            key = (opcode, operand.dims, instruction.shape.dims)
+        found = _MAPS.get(key, _MISSING)
+        if found is _MISSING:
+            found = _MAPS[key] = roles_map(roles) if opcode in _DOTS else _dim_map(key)
+        return found  # type: ignore[return-value]
 
     def joined(self, node: int, kinds: frozenset[str]):
         value = _EMPTY
@@ -327,6 +437,18 @@ class _Transfer:
                 value = _array(value)
                 found = value if found is None or found == value else found | value
             return _EMPTY if found is None else found
+        if opcode in _DOTS:
+            maps = self.dim_maps(node, instruction)
+            if maps is None:
+                return _EMPTY
+            lhs, rhs = self.apply(maps[0], _array(values[sources[0]])), self.apply(maps[1], _array(values[sources[1]]))
+            return lhs | rhs if lhs and rhs else lhs or rhs
+        if opcode in _MAPPED and not shape.is_tuple:
+            source = _array(values[sources[0]]) if sources else _EMPTY
+            if not source:
+                return _EMPTY
+            maps = self.dim_maps(node, instruction)
+            return _EMPTY if maps is None else self.apply(maps[0], source)
         if opcode in _SOURCES:
             return _EMPTY
         if opcode == "parameter":
@@ -353,32 +475,10 @@ class _Transfer:
                 value = _array(values[sources[i]]) if i < len(sources) else _EMPTY
                 elements.append(_keep(value, leaf.rank) if not leaf.is_tuple else _EMPTY)
             if opcode == "reduce":
-                return tuple(_reduce(instruction, e, self.operand_rank(sources, 0)) for e in elements)
+                maps = self.dim_maps(node, instruction)
+                return tuple(_EMPTY if maps is None else self.apply(maps[0], e) for e in elements)
             return tuple(elements)
-        if opcode in _DOTS:
-            return self.dot(instruction, sources)
         source = _array(values[sources[0]]) if sources else _EMPTY
-        if opcode == "transpose":
-            if not source:
-                return _EMPTY
-            perm = instruction.dimensions or ()
-            return frozenset((p, perm.index(d)) for p, d in source if d in perm)
-        if opcode == "broadcast":
-            if not source:
-                return _EMPTY
-            dims = instruction.dimensions or ()
-            return frozenset((p, dims[d]) for p, d in source if d < len(dims))
-        if opcode in ("reshape", "bitcast", "dynamic-reshape"):
-            if not source or sources[0] == NO_NODE:
-                return _EMPTY
-            operand = self.instruction_at[sources[0]]
-            if operand.shape.is_tuple:
-                return _EMPTY
-            if opcode == "bitcast":
-                return _bitcast(source, operand.shape, shape)
-            return _reshape(source, operand.shape.dims, shape.dims)
-        if opcode == "reduce":
-            return _reduce(instruction, source, self.operand_rank(sources, 0))
         if opcode == "gather":
             return self.gather(instruction, sources)
         if opcode in ("scatter", "dynamic-update-slice"):
@@ -393,33 +493,6 @@ class _Transfer:
             if operand_shape.rank == rank and not operand_shape.is_tuple:
                 found |= _array(values[s])
         return frozenset(found)
-
-    def operand_rank(self, sources: tuple[int, ...], index: int) -> int:
-        if index >= len(sources) or sources[index] == NO_NODE:
-            return 0
-        shape = self.instruction_at[sources[index]].shape
-        return 0 if shape.is_tuple else shape.rank
-
-    def dot(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
-        values = self.values
-        if len(sources) < 2 or NO_NODE in sources[:2]:
-            return _EMPTY
-        lhs_value, rhs_value = _array(values[sources[0]]), _array(values[sources[1]])
-        if not lhs_value and not rhs_value:
-            return _EMPTY
-        lhs, rhs = self.instruction_at[sources[0]], self.instruction_at[sources[1]]
-        try:
-            roles = dot_dims(instruction, lhs.shape.rank, rhs.shape.rank)
-        except (ValueError, IndexError, KeyError):
-            return _EMPTY
-        out: set = set()
-        for side, value in enumerate((lhs_value, rhs_value)):
-            for p, d in value:
-                if d < len(roles.roles[side]):
-                    role = roles.role(side, d)
-                    if role.role in ("free", "batch") and role.output_dim is not None:
-                        out.add((p, role.output_dim))
-        return frozenset(out)
 
     def gather(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
         if len(sources) < 2 or sources[1] == NO_NODE:
@@ -492,14 +565,6 @@ def _reshape_groups(before: tuple[int, ...], after: tuple[int, ...]) -> list[tup
                 j += 1
         groups.append((gi, gj))
     return groups
-
-
-def _reduce(instruction: Instruction, source: Pairs, rank: int) -> Pairs:
-    if not source:
-        return _EMPTY
-    reduced = set(instruction.dimensions or ())
-    kept = [d for d in range(rank) if d not in reduced]
-    return frozenset((p, kept.index(d)) for p, d in source if d in kept)
 
 
 # --------------------------------------------------------------------------
