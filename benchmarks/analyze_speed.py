@@ -5,10 +5,13 @@
 DUMP defaults to ``benchmarks/_data/big`` (made by ``make_big_module.py``:
 an unrolled llama-like train step; its snapshots add up to about 60 MB).
 In one fresh child process, ``analyze_dump`` runs every registered rule
-over every snapshot it needs; in another, XLA's C++ parser
+over every snapshot it needs, as ``hlo-doctor analyze`` does (by default the
+rules that read only the after-propagation snapshot run in a second
+process; see ``hlo_doctor/rules/parallel.py``), and again in one process
+(``--jobs 1``); in another, XLA's C++ parser
 (``jaxlib._hlo.hlo_module_from_text``) only parses every HLO snapshot of
-the folder. Prints both times, the ratio, and where the analysis spends its
-time per rule (``--per-rule``). Not a test: numbers depend on the machine.
+the folder (in one thread). Prints the times, the ratios, and with
+``--per-rule`` each rule's time alone. Not a test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ ANALYZE = r"""
 import json, sys, time
 from hlo_doctor.analysis import analyze_dump
 select = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
+jobs = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
 start = time.perf_counter()
-report = analyze_dump(sys.argv[1], select=select)
+report = analyze_dump(sys.argv[1], select=select, jobs=jobs)
 print(json.dumps({"seconds": time.perf_counter() - start, "findings": len(report.findings),
                   "errors": len(report.errors)}))
 """
@@ -61,10 +65,13 @@ def main() -> int:
                        check=True)
     cpp = child(CPP, str(args.dump))
     ours = child(ANALYZE, str(args.dump), "")
+    serial = child(ANALYZE, str(args.dump), "", "1")
     print(f"dump: {args.dump} ({cpp['files']} HLO snapshots, {cpp['megabytes']:.1f} MB)")
-    print(f"XLA C++ parser, parse only      {cpp['seconds']:7.2f} s")
-    print(f"hlo-doctor analyze (all rules)  {ours['seconds']:7.2f} s  ({ours['findings']} findings)")
-    print(f"ratio (analysis / C++ parse, <=1 is the target): {ours['seconds'] / cpp['seconds']:.2f}")
+    print(f"XLA C++ parser, parse only              {cpp['seconds']:7.2f} s")
+    print(f"hlo-doctor analyze (all rules)          {ours['seconds']:7.2f} s  ({ours['findings']} findings)")
+    print(f"hlo-doctor analyze --jobs 1 (all rules) {serial['seconds']:7.2f} s  ({serial['findings']} findings)")
+    print(f"ratio (analysis / C++ parse, <=1 is the target): {ours['seconds'] / cpp['seconds']:.2f}"
+          f"  (--jobs 1: {serial['seconds'] / cpp['seconds']:.2f})")
     if args.per_rule:
         from hlo_doctor.rules import discover
 

@@ -24,10 +24,10 @@ from hlo_doctor.rules import (
     RuleContext,
     Skip,
     discover,
-    run_rules,
     select_rules,
 )
 from hlo_doctor.rules.hardware import HardwareProfile, load_profile
+from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
 
 __all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]
@@ -84,7 +84,9 @@ def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:
     option fields per rule id; ``ignore_ops`` drops findings whose op_name
     matches one of these globs; ``hardware`` is a bundled profile name, a
     JSON file or a :class:`HardwareProfile`; ``devices_per_host``,
-    ``verbose``, ``registry`` and ``progress`` as in :func:`_analyze`.
+    ``verbose``, ``registry`` and ``progress`` as in :func:`_analyze`;
+    ``jobs`` is how many processes may share one big module's rules (default
+    2 on a machine with two or more cores; see :mod:`hlo_doctor.rules.parallel`).
     Raises :class:`InputError` for an unusable dump, an unknown rule id or
     hardware, or bad rule options.
 
@@ -114,6 +116,7 @@ def _analyze(
     registry: Registry | None = None,
     progress: Progress | None = None,
     ignore_ops: Iterable[str] = (),
+    jobs: int | None = None,
 ) -> Report:
     """:func:`analyze_dump`'s work, with the garbage collector paused."""
     registry = registry or discover()
@@ -131,6 +134,7 @@ def _analyze(
         except TypeError as error:
             raise InputError(f"bad options for rule {rule_id}: {one_line(str(error))}") from None
     dump = path if isinstance(path, Dump) else load_dump(path)
+    jobs = default_jobs() if jobs is None else jobs
     options = AnalysisOptions(devices_per_host=devices_per_host, hardware=profile, verbose=verbose)
 
     findings: list[Finding] = []
@@ -144,7 +148,7 @@ def _analyze(
         if progress is not None:
             progress(number, total, module.key)
         ctx = RuleContext(dump, module, options)
-        module_findings, module_skips = run_rules(ctx, rules)
+        module_findings, module_skips = run_module_rules(ctx, rules, jobs=jobs)
         findings.extend(module_findings)
         skipped.extend(module_skips)
         try:

@@ -60,6 +60,9 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Configuration file (default: the nearest hlo-doctor.toml, or pyproject.toml "
                           "with [tool.hlo-doctor])."),
         click.option("-v", "--verbose", is_flag=True, help="Also say which rules could not judge a module, and why."),
+        click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+                     help="Processes that may share a big module's rules (1: all in this one).  "
+                          "[default: 2 on a machine with 2+ cores]"),
         strict_plugins_option,
     ]
     for decorator in reversed(decorators):
@@ -88,7 +91,7 @@ def effective_config(config_file: Path | None, registry=None, **overrides: Any) 
     return config.with_overrides(**overrides)
 
 
-def run_analysis(dump: str, config: Config, verbose: bool, registry=None):
+def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: int | None = None):
     """``analyze_dump`` with the effective configuration (and ``registry``'s rules) and a progress bar on a terminal."""
     from hlo_doctor.analysis import analyze_dump
 
@@ -104,6 +107,7 @@ def run_analysis(dump: str, config: Config, verbose: bool, registry=None):
             verbose=verbose,
             registry=registry,
             progress=progress,
+            jobs=jobs,
         )
 
 

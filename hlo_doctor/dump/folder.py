@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,12 +31,54 @@ from hlo_doctor.dump.names import (
 from hlo_doctor.dump.options import CompileOptions, Topology, debug_options_dict
 from hlo_doctor.dump.textproto import Message, TextprotoError, parse_textproto
 from hlo_doctor.errors import InputError, one_line
+from hlo_doctor.hlo.ir import Shape
+from hlo_doctor.hlo.shapes import ShapeSyntaxError, shape_from_text
 
 if TYPE_CHECKING:
     from hlo_doctor.hlo.ir import HloModule
 
 RUN_RECORD = "hlo_doctor_run.json"
 HEADER_BYTES = 64 * 1024
+_COMMENT = re.compile(r"/\*.*?\*/")
+
+
+class ReportedFailure(Exception):
+    """A snapshot's parse failure as another process reported it (its one-line message)."""
+
+
+_BRACKETS = re.compile(r"[(){}\[\]]")
+
+
+def header_attribute(header: str, key: str) -> str | None:
+    """The raw value of ``key=...`` in a module header line (brackets balanced), or None."""
+    start = header.find(f", {key}=")
+    if start < 0:
+        return None
+    pos = start + len(key) + 3
+    if not header.startswith(("{", "("), pos):
+        end = header.find(",", pos)
+        return header[pos:] if end < 0 else header[pos:end]
+    depth = 0
+    for match in _BRACKETS.finditer(header, pos):
+        depth += 1 if match.group() in "({[" else -1
+        if depth == 0:
+            return header[pos : match.end()]
+    return None
+
+
+def entry_layout_parameters(header: str) -> tuple[Shape, ...] | None:
+    """The parameter shapes in a module header's ``entry_computation_layout={(...)->...}``."""
+    layout = header_attribute(header, "entry_computation_layout")
+    if layout is None or not layout.startswith("{("):
+        return None
+    arrow = layout.rfind(")->")
+    if arrow < 0:
+        return None
+    try:
+        shape = shape_from_text(_COMMENT.sub("", layout[1 : arrow + 1]))
+    except ShapeSyntaxError:
+        return None
+    return shape.tuple_shapes if shape.is_tuple else None
 
 
 class Role(str, Enum):
@@ -159,6 +202,11 @@ class Snapshot:
         assert self._module is not None
         return self._module
 
+    def adopt_failure(self, message: str) -> None:
+        """Record a parse failure met by another process (a rule worker), unless tried here."""
+        if self._module is None and self._failure is None:
+            self._failure = ReportedFailure(message)
+
     def try_module(self) -> HloModule | None:
         """:meth:`module`, or None when the file does not parse (see :attr:`error`)."""
         try:
@@ -175,6 +223,25 @@ class Snapshot:
         except OSError:
             return ""
         return head.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+    @cached_property
+    def first_line(self) -> str:
+        """The whole first line (the ``HloModule`` header with every attribute), read without parsing."""
+        try:
+            with open(self.path, "rb") as handle:
+                return handle.readline().decode("utf-8", "replace").rstrip("\n")
+        except OSError:
+            return ""
+
+    def header_attribute(self, key: str) -> str | None:
+        """The raw text of a header attribute (``buffer_donor``, ``num_partitions`` ...), without parsing."""
+        return header_attribute(self.first_line, key)
+
+    @cached_property
+    def entry_parameter_shapes(self) -> tuple[Shape, ...] | None:
+        """The entry parameters' shapes from the header's ``entry_computation_layout``, read without
+        parsing the module; None when the header has none or it does not read."""
+        return entry_layout_parameters(self.first_line)
 
     def __repr__(self) -> str:
         return f"Snapshot({self.path.name!r}, role={self.role.value})"
@@ -349,6 +416,16 @@ class DumpModule:
             DumpError(str(s.path), s.error) for s in self.snapshots if s.error is not None
         )
         return tuple(self._errors) + snapshot_errors
+
+    @property
+    def errors_found(self) -> tuple[DumpError, ...]:
+        """Metadata files that failed to read so far (without the snapshots' parse errors)."""
+        return tuple(self._errors)
+
+    def add_error(self, error: DumpError) -> None:
+        """Record a metadata error found by another process (a rule worker), once."""
+        if error not in self._errors:
+            self._errors.append(error)
 
     def parse_all(self) -> tuple[DumpError, ...]:
         for snapshot in self.snapshots:

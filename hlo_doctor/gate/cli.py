@@ -35,7 +35,7 @@ from hlo_doctor.rules.base import Severity
               help="Record the current findings in this file (and exit 0).")
 @input_errors_exit_2
 def check_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
-                  strict_plugins, fail_on, baseline_file, write_baseline_file):
+                  jobs, strict_plugins, fail_on, baseline_file, write_baseline_file):
     """Gate CI on a compiled graph: exit 1 when findings at or above --fail-on remain.
 
     \b
@@ -53,7 +53,7 @@ def check_command(dump, output_format, output, devices_per_host, hardware, selec
         config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
         hardware=hardware, fail_on=fail_on,
     )
-    report = run_analysis(dump, config, verbose, registry)
+    report = run_analysis(dump, config, verbose, registry, jobs)
     if write_baseline_file is not None:
         count = write_baseline(report.findings, write_baseline_file)
         click.echo(f"wrote {count} finding{'s' if count != 1 else ''} to the baseline {write_baseline_file}", err=True)

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 
-__all__ = ["SnapshotLink", "link_modules", "match_instructions"]
+__all__ = ["SnapshotLink", "TwinRef", "link_modules", "match_instructions", "resolve_twin", "twin_refs"]
 
 NodeKey = tuple[str, str]
 
@@ -147,39 +147,67 @@ def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
     return link
 
 
+@dataclass(frozen=True, slots=True)
+class TwinRef:
+    """Where an op of snapshot ``a`` stands, enough to find it in ``b`` without ``a``
+    (see :func:`match_instructions`): picklable, for a worker process to hand over."""
+
+    computation: str
+    is_entry: bool
+    name: str
+    opcode: str
+    meta: tuple | None
+    index: int  # among a's ops of this opcode and metadata in the computation, program order
+    count: int
+
+
 def match_instructions(a: HloModule, b: HloModule, keys: list[NodeKey]) -> dict[NodeKey, NodeKey | None]:
     """``b``'s instruction for each of ``a``'s ``keys`` by the quick method (see the module docstring)."""
     found: dict[NodeKey, NodeKey | None] = {}
-    try:
-        for key in keys:
-            found[key] = _match_one(a, b, key)
-    finally:
-        _META_KEYS.clear()
+    for key, ref in twin_refs(a, keys).items():
+        found[key] = resolve_twin(b, ref) if ref is not None else None
     return found
 
 
-def _match_one(a: HloModule, b: HloModule, key: NodeKey) -> NodeKey | None:
+def twin_refs(a: HloModule, keys: list[NodeKey]) -> dict[NodeKey, TwinRef | None]:
+    """Each key's :class:`TwinRef` in ``a`` (None for a key ``a`` does not have)."""
+    try:
+        return {key: _twin_ref(a, key) for key in keys}
+    finally:
+        _META_KEYS.clear()
+
+
+def _twin_ref(a: HloModule, key: NodeKey) -> TwinRef | None:
     ca = a.computation(key[0])
     ia = ca.get(key[1]) if ca is not None else None
     if ca is None or ia is None:
         return None
-    if a.entry is not None and ca.name == a.entry.name:
+    meta = _meta_key(ia)
+    twins = [i for i in ca.instructions if i.opcode == ia.opcode and _meta_key(i) == meta] if meta else [ia]
+    is_entry = a.entry is not None and ca.name == a.entry.name
+    return TwinRef(ca.name, is_entry, ia.name, ia.opcode, meta, twins.index(ia), len(twins))
+
+
+def resolve_twin(b: HloModule, ref: TwinRef) -> NodeKey | None:
+    """The instruction of ``b`` that ``ref`` pairs with, or None."""
+    if ref.is_entry:
         cb = b.entry
     else:  # the SPMD partitioner names a partitioned computation NAME_spmd
-        cb = b.computation(ca.name + "_spmd") or b.computation(ca.name)
+        cb = b.computation(ref.computation + "_spmd") or b.computation(ref.computation)
     if cb is None:
         return None
-    same = cb.get(ia.name)
-    if same is not None and same.opcode == ia.opcode:
+    same = cb.get(ref.name)
+    if same is not None and same.opcode == ref.opcode:
         return (cb.name, same.name)
-    meta = _meta_key(ia)
-    if meta is None:
+    if ref.meta is None:
         return None
-    twins_a = [i for i in ca.instructions if i.opcode == ia.opcode and _meta_key(i) == meta]
-    twins_b = [i for i in cb.instructions if i.opcode == ia.opcode and _meta_key(i) == meta]
-    if len(twins_a) != len(twins_b):
+    try:
+        twins = [i for i in cb.instructions if i.opcode == ref.opcode and _meta_key(i) == ref.meta]
+    finally:
+        _META_KEYS.clear()
+    if len(twins) != ref.count:
         return None
-    return (cb.name, twins_b[twins_a.index(ia)].name)
+    return (cb.name, twins[ref.index].name)
 
 
 def _link_computation(link: SnapshotLink, ca: Computation, cb: Computation) -> None:

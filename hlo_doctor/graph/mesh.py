@@ -29,7 +29,7 @@ and runs on physical ``[0,4,1,5,2,6,3,7]``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -337,12 +337,13 @@ def dim_axes(sharding: Sharding, shape_rank: int, mesh: Mesh) -> tuple[tuple[str
 
 def recover_mesh(
     dump_module: DumpModule | None,
-    hlo_module: HloModule | None = None,
+    hlo_module: HloModule | Callable[[], HloModule | None] | None = None,
     run_record: Mapping[str, object] | None = None,
 ) -> Mesh | None:
     """The mesh of one dumped module, from the first source that has it (see the module docstring).
 
-    ``hlo_module`` is parsed from the dump when needed and not given (the
+    ``hlo_module`` (or a function giving it, called only when the HLO is
+    needed) is parsed from the dump when needed and not given (the
     after-propagation snapshot, else the partitioned one, else any).
     """
     num_partitions = dump_module.num_partitions if dump_module is not None else None
@@ -354,6 +355,8 @@ def recover_mesh(
         mesh = _from_sidecar(dump_module, run_record, num_partitions)
         if mesh is not None:
             return mesh
+    if callable(hlo_module):
+        hlo_module = hlo_module()
     if hlo_module is None and dump_module is not None:
         hlo_module = _some_module(dump_module)
     if hlo_module is None:

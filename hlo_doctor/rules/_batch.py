@@ -36,6 +36,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import dim_axes
@@ -48,6 +49,7 @@ from hlo_doctor.rules.context import RuleContext
 
 __all__ = [
     "BatchAnalysis", "analyze_batch", "axes_text", "batch_axes", "buffer_donors", "parameter_name",
+    "parameter_sharding",
     "torch_module_source", "with_torch_source",
 ]
 
@@ -136,20 +138,31 @@ def buffer_donors(ctx: RuleContext) -> frozenset[int]:
     """Parameter numbers in the header's ``buffer_donor`` (torch_xla: the weights of a training step)."""
     if ctx.framework != "torch_xla":
         return frozenset()
-    for candidate in (ctx.after_propagation, ctx.before_optimizations, ctx.per_device):
-        text = candidate.attribute("buffer_donor") if candidate is not None else None
+    # Read from the snapshots' header lines: no snapshot is parsed for it.
+    for role in (Role.AFTER_PROPAGATION, Role.BEFORE_OPTIMIZATIONS, Role.AFTER_PARTITIONING,
+                 Role.AFTER_OPTIMIZATIONS):
+        snapshot = ctx.module.snapshot(role)
+        text = snapshot.header_attribute("buffer_donor") if snapshot is not None else None
         if text:
             return frozenset(int(x) for x in _DONOR.findall(text))
     return frozenset()
 
 
-def _parameter_sharding(param: Instruction, fallback: HloModule | None) -> Sharding | None:
+def parameter_sharding(param: Instruction, ctx: RuleContext | None) -> Sharding | None:
+    """The parameter's sharding; when it has none, that of the same parameter in ``ctx.sharded``.
+
+    ``ctx.sharded`` is read only then: the per-device side of an analysis must not parse the
+    global-shape snapshot for nothing (it may be another process's).
+    """
     sharding = param.sharding
-    if sharding is None and fallback is not None and fallback.entry is not None:
+    if sharding is not None or ctx is None:
+        return sharding
+    fallback = ctx.sharded
+    if fallback is not None and fallback.entry is not None:
         for other in fallback.entry.parameters():
             if other.parameter_number == param.parameter_number:
                 return other.sharding
-    return sharding
+    return None
 
 
 def analyze_batch(ctx: RuleContext, module: HloModule, graph: DataflowGraph, *, per_device: bool) -> BatchAnalysis:
@@ -164,7 +177,7 @@ def analyze_batch(ctx: RuleContext, module: HloModule, graph: DataflowGraph, *, 
             shape = param.shape
             if number is None or shape.is_tuple or shape.rank == 0 or number in donors:
                 continue
-            sharding = _parameter_sharding(param, ctx.sharded if per_device else None)
+            sharding = parameter_sharding(param, ctx if per_device else None)
             if sharding is None or sharding.kind is not ShardingKind.TILED:
                 continue
             try:
@@ -588,7 +601,7 @@ def batch_axes(ctx: RuleContext, analysis: BatchAnalysis, param: int) -> tuple[s
     if recorded:
         return recorded
     mesh = ctx.mesh
-    sharding = _parameter_sharding(instruction, ctx.sharded)
+    sharding = parameter_sharding(instruction, ctx)
     if mesh is None or sharding is None:
         return None
     per_dim = dim_axes(sharding, rank, mesh)
@@ -621,7 +634,15 @@ def _recorded_axes(ctx: RuleContext, dims: tuple[int, ...]) -> tuple[str, ...] |
 
 
 def parameter_name(ctx: RuleContext, param: Instruction) -> str:
-    """How the user knows an entry parameter: JAX's argument name (``x``), else its name after propagation."""
+    """How the user knows an entry parameter: JAX's argument name (``x``), else its name after propagation.
+
+    The partitioner copies a parameter's metadata, so a per-device parameter that carries JAX's
+    argument name answers without the global-shape snapshot.
+    """
+    if ctx.framework != "torch_xla":
+        name = argument_name(param)
+        if name != param.name:
+            return name
     number = param.parameter_number
     module = ctx.sharded
     if number is not None and module is not None and module.entry is not None:

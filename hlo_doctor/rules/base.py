@@ -123,6 +123,12 @@ class Rule:
     summary: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     api_version: ClassVar[str | None] = None
+    # Which snapshots the rule reads: "sharded" (global shapes and propagated shardings:
+    # after propagation / before optimizations) and/or "per_device" (after partitioning /
+    # after optimizations). None: unknown. Rules that read only "sharded" may run in a
+    # worker process beside the others (see hlo_doctor.rules.parallel); the answer never
+    # changes what a rule may read, only where it runs.
+    reads: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, options: Any = None, **overrides: Any) -> None:
         if options is None:

@@ -23,7 +23,7 @@ from hlo_doctor.cli_common import (
 @analysis_options
 @input_errors_exit_2
 def analyze_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
-                    strict_plugins):
+                    jobs, strict_plugins):
     """Analyze an XLA dump folder (or one HLO file) and report sharding problems.
 
     Exits 0 when the analysis ran, whatever it found; 2 when the input cannot be
@@ -43,7 +43,7 @@ def analyze_command(dump, output_format, output, devices_per_host, hardware, sel
         config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
         hardware=hardware,
     )
-    report = run_analysis(dump, config, verbose, registry)
+    report = run_analysis(dump, config, verbose, registry, jobs)
     emit(render(report, output_format, color=None if output is None else False), output)
 
 

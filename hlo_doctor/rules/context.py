@@ -22,7 +22,7 @@ from hlo_doctor.rules.base import SourceRef
 
 if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow import DataflowGraph
-    from hlo_doctor.hlo.ir import HloModule, Instruction, SourceLocation
+    from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, SourceLocation
     from hlo_doctor.rules.hardware import HardwareProfile
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "RuleContext",
     "is_library_file",
 ]
+
+PENDING_NAME = "\x00hlo-doctor-pending-name:"
 
 COLLECTIVE_KINDS = (
     "all-gather", "all-reduce", "reduce-scatter", "all-to-all",
@@ -52,6 +54,9 @@ class RuleContext:
         self.dump = dump
         self.module = module
         self.options = options or AnalysisOptions()
+        # Set in a worker process (see hlo_doctor.rules.parallel): names after partitioning
+        # are then left to the parent, as placeholder -> (after-propagation key, TwinRef).
+        self.pending_names: dict[str, tuple] | None = None
 
     # -- snapshots (parsed once) -------------------------------------------
     def hlo(self, role: Role) -> HloModule | None:
@@ -91,6 +96,23 @@ class RuleContext:
     def per_device(self) -> HloModule | None:
         """The best module with per-device shapes: partitioned, else after optimizations."""
         return self.partitioned or self.after_optimizations
+
+    @cached_property
+    def global_parameter_shapes(self) -> tuple[Shape, ...] | None:
+        """The entry parameters' global shapes, by number: from the header of the after-propagation
+        (else before-optimizations) snapshot, read without parsing it; else from :attr:`sharded`."""
+        for role in (Role.AFTER_PROPAGATION, Role.BEFORE_OPTIMIZATIONS):
+            snapshot = self.module.snapshot(role)
+            shapes = snapshot.entry_parameter_shapes if snapshot is not None else None
+            if shapes is not None:
+                return shapes
+        module = self.sharded
+        if module is None or module.entry is None:
+            return None
+        params = module.entry.parameters()
+        if [p.parameter_number for p in params] != list(range(len(params))):
+            return None
+        return tuple(p.shape for p in params)
 
     # -- facts about the module -------------------------------------------
     @property
@@ -142,7 +164,8 @@ class RuleContext:
     @cached_property
     def mesh(self) -> Mesh | None:
         """The device mesh (module.mlir, the runner's record, replica groups, or inferred)."""
-        return recover_mesh(self.module, self.sharded or self.per_device, self.dump.run_record)
+        # The snapshot is parsed only when the dump's declarations do not give the mesh.
+        return recover_mesh(self.module, lambda: self.sharded or self.per_device, self.dump.run_record)
 
     @cached_property
     def device_map(self) -> DeviceMap:
@@ -173,6 +196,42 @@ class RuleContext:
 
         module = self.per_device
         return execution_counts(module) if module is not None else {}
+
+    def partitioned_names(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The names after partitioning of after-propagation instructions ``keys`` (those found).
+
+        The quick pairing of :func:`~hlo_doctor.graph.linking.match_instructions`, else the
+        whole-module link. Use the result only as a finding's ``name``: in a worker process it
+        is a placeholder that the engine replaces (so that the worker need not parse the
+        partitioned snapshot).
+        """
+        from hlo_doctor.graph.linking import twin_refs
+
+        module = self.after_propagation
+        if module is None or not keys:
+            return {}
+        refs = twin_refs(module, keys)
+        if self.pending_names is not None:
+            out = {}
+            for key, ref in refs.items():
+                token = f"{PENDING_NAME}{len(self.pending_names)}"
+                self.pending_names[token] = (key, ref)
+                out[key] = token
+            return out
+        return self.resolve_names(refs)
+
+    def resolve_names(self, refs: dict[tuple[str, str], object]) -> dict[tuple[str, str], str]:
+        """:meth:`partitioned_names` from the keys' TwinRefs."""
+        from hlo_doctor.graph.linking import link_modules, resolve_twin
+
+        partitioned = self.partitioned
+        if partitioned is None:
+            return {}
+        found = {key: resolve_twin(partitioned, ref) if ref is not None else None for key, ref in refs.items()}
+        if any(name is None for name in found.values()) and self.after_propagation is not None:
+            link = link_modules(self.after_propagation, partitioned)
+            found = {key: name or link.matched(key) for key, name in found.items()}
+        return {key: name[1] for key, name in found.items() if name is not None}
 
     def instruction(self, computation: str, name: str) -> Instruction | None:
         """An instruction of the per-device module."""

@@ -13,7 +13,7 @@ from hlo_doctor.rules.registry import Registry
 
 INTERNAL_ERROR = "internal-error"
 
-__all__ = ["INTERNAL_ERROR", "Skip", "run_rules", "select_rules"]
+__all__ = ["INTERNAL_ERROR", "Skip", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,18 +42,27 @@ def select_rules(
 
 def run_rules(ctx: RuleContext, rules: Sequence[Rule]) -> tuple[list[Finding], list[Skip]]:
     """Every rule on ``ctx``; a rule that raises becomes an ``internal-error`` finding."""
+    return merge_outcomes([run_rule(ctx, rule) for rule in rules])
+
+
+def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
+    """One rule on ``ctx``: its findings, or why it could not judge the module."""
+    try:
+        return list(rule.check(ctx)), None
+    except RuleSkipped as skipped:
+        return [], Skip(rule.id, ctx.module.key, skipped.reason)
+    except Exception as error:  # noqa: BLE001 - one rule's bug must not end the run
+        return [crash_finding(rule, ctx, error)], None
+
+
+def merge_outcomes(outcomes: Iterable[tuple[list[Finding], Skip | None]]) -> tuple[list[Finding], list[Skip]]:
+    """The findings (sorted) and skips of rule outcomes given in rule order."""
     findings: list[Finding] = []
     skips: list[Skip] = []
-    for rule in rules:
-        try:
-            produced = list(rule.check(ctx))
-        except RuleSkipped as skipped:
-            skips.append(Skip(rule.id, ctx.module.key, skipped.reason))
-            continue
-        except Exception as error:  # noqa: BLE001 - one rule's bug must not end the run
-            findings.append(crash_finding(rule, ctx, error))
-            continue
+    for produced, skip in outcomes:
         findings.extend(produced)
+        if skip is not None:
+            skips.append(skip)
     findings.sort(key=lambda f: f.sort_key)
     return findings, skips
 

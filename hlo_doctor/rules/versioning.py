@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"  # 1.1: Rule.reads
 """The version of the rule-author API this hlo-doctor provides."""
 
 __all__ = ["API_VERSION", "api_version_problem", "parse_requirement", "satisfies"]

@@ -101,6 +101,7 @@ class ActivationAllGather(Rule):
 
     id = "activation-all-gather"
     severity = Severity.WARNING
+    reads = frozenset({"per_device"})
     summary = "An all-gather gathers an activation (batch-derived data) instead of a weight."
     Options = ActivationAllGatherOptions
 
@@ -271,26 +272,28 @@ def _consuming_dot(analysis: BatchAnalysis, start: NodeKey, limit: int = 64) -> 
 
 
 def _weight_summary(ctx: RuleContext, analysis: BatchAnalysis, params: list[int]) -> dict:
-    """Names, global bytes and whether any is sharded, of the weight parameters."""
-    sharded_module = ctx.sharded
+    """Names, global bytes and whether any is sharded, of the weight parameters.
+
+    Global shapes come from ``ctx.global_parameter_shapes`` (a header, not a parse), names and
+    shardings from the per-device parameters, which keep both.
+    """
     by_number = {}
-    for module in (sharded_module, analysis.module):
-        if module is not None and module.entry is not None:
-            for p in module.entry.parameters():
-                by_number.setdefault(p.parameter_number, p)
+    if analysis.module.entry is not None:
+        for p in analysis.module.entry.parameters():
+            by_number.setdefault(p.parameter_number, p)
+    shapes = ctx.global_parameter_shapes
     names, total, sharded = [], 0, False
     for number in params:
         param = by_number.get(number)
-        if param is None or param.shape.is_tuple or param.shape.rank == 0:
+        shape = shapes[number] if shapes is not None and number < len(shapes) else None
+        if param is None or shape is None or shape.is_tuple or shape.rank == 0:
             continue
         names.append(parameter_name(ctx, param))
-        total += param.shape.byte_size
+        total += shape.byte_size
         sharding = param.sharding
         if sharding is not None and sharding.kind is ShardingKind.TILED:
             try:
-                sharded = sharded or any(t > 1 for t in tiles_per_dim(sharding, param.shape.rank))
+                sharded = sharded or any(t > 1 for t in tiles_per_dim(sharding, shape.rank))
             except ValueError:
                 pass
     return {"names": ", ".join(names) or "?", "bytes": total, "sharded": sharded}
-
-

@@ -76,6 +76,7 @@ class CommunicationBound(Rule):
 
     id = "communication-bound"
     severity = Severity.WARNING
+    reads = frozenset({"per_device"})
     summary = "Collectives take more of the step than the matmuls (needs a hardware profile)."
     Options = CommunicationBoundOptions
 

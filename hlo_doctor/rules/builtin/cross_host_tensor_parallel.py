@@ -97,6 +97,7 @@ class CrossHostTensorParallel(Rule):
 
     id = "cross-host-tensor-parallel"
     severity = Severity.WARNING
+    reads = frozenset({"per_device"})
     summary = "Tensor-parallel collectives on activations cross hosts (the TP axis should stay inside a host)."
     Options = CrossHostTensorParallelOptions
 
@@ -198,13 +199,15 @@ def batch_axes(ctx: RuleContext) -> set[str]:
     if mesh is None:
         return set()
     found = {a for a in mesh.axis_names if a.lower() in BATCH_AXIS_NAMES}
-    module = ctx.sharded
+    # The per-device parameters keep their element types, ranks and shardings.
+    module = ctx.per_device or ctx.sharded
     if module is None or module.entry is None or mesh.is_inferred:
         return found
     from hlo_doctor.graph.mesh import dim_axes
+    from hlo_doctor.rules._batch import parameter_sharding
 
     for param in module.entry.parameters():
-        shape, sharding = param.shape, param.sharding
+        shape, sharding = param.shape, parameter_sharding(param, ctx)
         if sharding is None or shape.is_tuple or not shape.element_type.startswith(_INTEGER) or shape.rank == 0:
             continue
         axes = dim_axes(sharding, shape.rank, mesh)

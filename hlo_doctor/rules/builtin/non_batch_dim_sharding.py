@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.graph.dataflow import build_graph
-from hlo_doctor.graph.linking import link_modules, match_instructions
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
@@ -84,6 +83,7 @@ class NonBatchDimSharding(Rule):
 
     id = "non-batch-dim-sharding"
     severity = Severity.WARNING
+    reads = frozenset({"sharded"})
     summary = "A dot's activation output is batch-replicated and sharded on a non-batch dim."
     Options = NonBatchDimShardingOptions
 
@@ -107,21 +107,10 @@ class NonBatchDimSharding(Rule):
                 found = self._judge(analysis, computation.name, instruction)
                 if found is not None:
                     judged.append((computation.name, instruction, found))
-        names = self._partitioned_names(module, ctx.partitioned, [(c, i.name) for c, i, _ in judged])
+        names = ctx.partitioned_names([(c, i.name) for c, i, _ in judged])
         for computation, instruction, found in judged:
             yield self._finding(ctx, analysis, computation, instruction, names.get((computation, instruction.name)),
                                 *found)
-
-    @staticmethod
-    def _partitioned_names(module, partitioned, keys):
-        """Each judged dot's name after partitioning: the quick pairing, else the whole-module link."""
-        if not keys or partitioned is None:
-            return {}
-        names = match_instructions(module, partitioned, keys)
-        if any(name is None for name in names.values()):
-            link = link_modules(module, partitioned)
-            names = {key: name or link.matched(key) for key, name in names.items()}
-        return {key: name[1] for key, name in names.items() if name is not None}
 
     def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
         key = (computation, dot.name)

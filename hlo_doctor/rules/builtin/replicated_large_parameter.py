@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.rules._batch import buffer_donors
 from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -71,6 +72,7 @@ class ReplicatedLargeParameter(Rule):
 
     id = "replicated-large-parameter"
     severity = Severity.WARNING
+    reads = frozenset({"sharded"})
     summary = "A large parameter is fully replicated while comparable parameters are sharded."
     Options = ReplicatedLargeParameterOptions
 
@@ -82,7 +84,7 @@ class ReplicatedLargeParameter(Rule):
         if n <= 1:
             return
         params = module.entry.parameters()
-        donors = _buffer_donors(module, ctx)
+        donors = buffer_donors(ctx)
         if donors:
             params = [p for p in params if p.parameter_number in donors]
         replicated: list[Instruction] = []
@@ -172,19 +174,6 @@ def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None
                 s == 1 for a, s in zip(mesh.axis_names, mesh.axis_sizes) if a not in axes
             ) else axes
     return shard_count, axes
-
-
-def _buffer_donors(module: HloModule, ctx: RuleContext) -> set[int]:
-    """Parameter numbers in the header's ``buffer_donor`` (torch_xla: the weights of a training step)."""
-    if ctx.framework != "torch_xla":
-        return set()
-    for candidate in (module, ctx.before_optimizations, ctx.after_optimizations):
-        if candidate is None:
-            continue
-        text = candidate.attribute("buffer_donor")
-        if text:
-            return {int(x) for x in _DONOR.findall(text)}
-    return set()
 
 
 def _partitioned_param(ctx: RuleContext, param: Instruction) -> Instruction | None:

@@ -115,6 +115,7 @@ class ReshardChurn(Rule):
 
     id = "reshard-churn"
     severity = Severity.WARNING
+    reads = frozenset({"per_device"})
     summary = "A value is resharded back and forth (all-to-all / permute / all-gather + dynamic-slice)."
     Options = ReshardChurnOptions
 

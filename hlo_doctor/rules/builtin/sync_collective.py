@@ -183,6 +183,7 @@ class SyncCollective(Rule):
 
     id = "sync-collective"
     severity = Severity.WARNING
+    reads = frozenset({"per_device"})
     summary = "A collective in a scheduled GPU/TPU program overlaps no computation."
     Options = SyncCollectiveOptions
 

@@ -74,6 +74,7 @@ class UnevenShardingPadding(Rule):
 
     id = "uneven-sharding-padding"
     severity = Severity.WARNING
+    reads = frozenset({"sharded"})
     summary = "A sharded dimension is not divisible by its shard count, so XLA pads and masks it."
     Options = UnevenShardingPaddingOptions
 
@@ -97,9 +98,9 @@ class UnevenShardingPadding(Rule):
                 found = judged[key] = self._uneven_dims(instruction, ctx.num_partitions)
             for dim, size, tiles, nbytes, tiles_per_dim in found:
                 uneven.setdefault((size, tiles), []).append((instruction, dim, nbytes, tiles_per_dim))
-        per_device = ctx.partitioned
         for (size, shards), values in sorted(uneven.items()):
-            yield self._finding(ctx, size, shards, values, per_device)
+            # the partitioned snapshot only for the evidence of a finding (it may be another process's)
+            yield self._finding(ctx, size, shards, values, ctx.partitioned)
 
     def _uneven_dims(self, instruction: Instruction, num_partitions: int) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
         """(dim, size, shards, leaf bytes, tiles per dim) of every padded dim of the value's leaves."""

@@ -94,6 +94,7 @@ class ExpertWeightsNotExpertSharded(Rule):
     summary = "MoE expert weights are not sharded on the expert mesh axis."
     Options = ExpertWeightsOptions
     api_version = ">=1.0,<2"
+    reads = frozenset({"sharded"})  # API 1.1; an API 1.0 hlo-doctor ignores it
 
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
         module = ctx.sharded

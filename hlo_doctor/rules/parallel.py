@@ -1,0 +1,166 @@
+"""Run one module's rules in two processes when that is faster.
+
+A big module's two main snapshots, after propagation (global shapes and the
+shardings the compiler chose) and after partitioning (per-device shapes and
+the collectives it inserted), each take about as long to parse as XLA's C++
+parser needs, and most rules read only one of them. Rules say which in
+``reads`` (see :class:`~hlo_doctor.rules.base.Rule`). With ``jobs >= 2`` on a
+system with ``os.fork``, and a module whose snapshots add up to at least
+``PARALLEL_MIN_BYTES``, the rules that read only the global-shape snapshot
+(``reads = {"sharded"}``) run in a forked worker while this process runs
+the others: each process parses only what its rules read.
+
+The worker sends back, pickled through a pipe, each rule's findings or skip,
+the parse failures it met and the module errors it found. A rule there that
+names an op after partitioning (:meth:`RuleContext.partitioned_names`) gets
+a placeholder, which this process resolves from its own parse. A worker
+that dies or sends nothing has its rules run here instead. Either way the
+report is the same as a serial run's (tested on every fixture).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hlo_doctor.dump.folder import DumpError
+from hlo_doctor.rules.base import Finding, Rule
+from hlo_doctor.rules.context import PENDING_NAME, RuleContext
+from hlo_doctor.rules.engine import Skip, merge_outcomes, run_rule
+
+__all__ = ["PARALLEL_MIN_BYTES", "PENDING_NAME", "can_fork", "default_jobs", "run_module_rules"]
+
+PARALLEL_MIN_BYTES = 8 * 1024 * 1024
+"""Below this much HLO text per module, forking costs more than it saves."""
+
+WORKER_READS = frozenset({"sharded"})
+
+Outcome = tuple[list[Finding], Skip | None]
+
+
+def can_fork() -> bool:
+    return hasattr(os, "fork")
+
+
+def default_jobs() -> int:
+    """2 when the machine has two or more cores (and can fork), else 1."""
+    return 2 if can_fork() and (os.cpu_count() or 1) >= 2 else 1
+
+
+def run_module_rules(
+    ctx: RuleContext, rules: Sequence[Rule], *, jobs: int = 1, min_bytes: int | None = None
+) -> tuple[list[Finding], list[Skip]]:
+    """:func:`~hlo_doctor.rules.engine.run_rules`, split over two processes when worth it
+    (``min_bytes`` of HLO text in the module; default ``PARALLEL_MIN_BYTES``)."""
+    min_bytes = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
+    in_worker = [i for i, rule in enumerate(rules) if getattr(rule, "reads", None) == WORKER_READS]
+    here = [i for i in range(len(rules)) if i not in set(in_worker)]
+    snapshots = ctx.module.snapshots
+    if (
+        jobs < 2
+        or not can_fork()
+        or not in_worker
+        or not here
+        or sum(s.size or 0 for s in snapshots) < min_bytes
+        or any(s.parsed for s in snapshots)  # already in memory: nothing to share out
+    ):
+        return merge_outcomes(run_rule(ctx, rule) for rule in rules)
+    worker = _Worker(ctx, [rules[i] for i in in_worker])
+    try:
+        outcomes: dict[int, Outcome] = {i: run_rule(ctx, rules[i]) for i in here}
+        result = worker.result()
+    finally:
+        worker.stop()
+    if result is None:  # the worker failed: its rules run here
+        outcomes.update({i: run_rule(ctx, rules[i]) for i in in_worker})
+    else:
+        outcomes.update(zip(in_worker, _adopt(ctx, result)))
+    return merge_outcomes(outcomes[i] for i in range(len(rules)))
+
+
+@dataclass
+class _WorkerResult:
+    outcomes: list[Outcome]
+    pending_names: dict[str, tuple]
+    parse_failures: list[tuple[int, str]]  # (snapshot index, one-line error)
+    module_errors: list[DumpError]
+
+
+class _Worker:
+    """A forked process running some rules on the same module."""
+
+    def __init__(self, ctx: RuleContext, rules: list[Rule]) -> None:
+        read_end, write_end = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - runs in the child (its exit status is checked)
+            os.close(read_end)
+            _serve(ctx, rules, write_end)
+        os.close(write_end)
+        self._read_end = read_end
+        self._done = False
+
+    def result(self) -> _WorkerResult | None:
+        with os.fdopen(self._read_end, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(self.pid, 0)
+        self._done = True
+        if status != 0 or not data:
+            return None
+        try:
+            result = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - a garbled answer: run the rules here
+            return None
+        return result if isinstance(result, _WorkerResult) else None
+
+    def stop(self) -> None:
+        if not self._done:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+            self._done = True
+
+
+def _serve(ctx: RuleContext, rules: list[Rule], write_end: int) -> None:  # pragma: no cover - child
+    status = 1
+    try:
+        ctx.pending_names = {}
+        outcomes = [run_rule(ctx, rule) for rule in rules]
+        failures = [(i, s.error) for i, s in enumerate(ctx.module.snapshots) if s.error is not None]
+        result = _WorkerResult(outcomes, ctx.pending_names, failures, list(ctx.module.errors_found))
+        data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(data)
+        status = 0
+    except BaseException:  # noqa: BLE001 - the parent runs the rules itself
+        pass
+    finally:
+        os._exit(status)
+
+
+def _adopt(ctx: RuleContext, result: _WorkerResult) -> list[Outcome]:
+    """The worker's outcomes, with what it learnt about the dump recorded here."""
+    module = ctx.module
+    for index, message in result.parse_failures:
+        module.snapshots[index].adopt_failure(message)
+    for error in result.module_errors:
+        module.add_error(error)
+    if not result.pending_names:
+        return result.outcomes
+    refs = {key: ref for key, ref in result.pending_names.values()}
+    names = ctx.resolve_names(refs)
+    resolved = {token: names.get(key, key[1]) for token, (key, _) in result.pending_names.items()}
+    outcomes = []
+    for findings, skip in result.outcomes:
+        findings = [
+            dataclasses.replace(f, instruction=resolved.get(f.instruction, f.instruction))
+            if f.instruction is not None and f.instruction.startswith(PENDING_NAME) else f
+            for f in findings
+        ]
+        outcomes.append((findings, skip))
+    return outcomes
