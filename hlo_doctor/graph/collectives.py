@@ -48,7 +48,7 @@ down to whole bytes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -117,12 +117,21 @@ class Collective:
     is_sync: bool | None
     channel_id: int | None
     use_global_device_ids: bool
-    source: SourceLocation | None
     op_name: str | None = None
+    # The op (the wrapped one of an async-start) and its outer op, for what is read on demand.
+    op: Instruction | None = field(default=None, compare=False, repr=False)
+    outer: Instruction | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_async(self) -> bool:
         return self.form is not Form.SYNC
+
+    @property
+    def source(self) -> SourceLocation | None:
+        """Where the op came from (its metadata's frames), resolved on first read."""
+        outer, op = self.outer, self.op
+        found = outer.source if outer is not None else None
+        return found or (op.source if op is not None else None)
 
 
 def group_mode(kind: str, channel_id: int | None, use_global_device_ids: bool | None) -> GroupMode:
@@ -379,8 +388,9 @@ def _describe(
         is_sync=_is_sync(outer) if _is_sync(outer) is not None else _is_sync(op),
         channel_id=channel_id,
         use_global_device_ids=global_ids,
-        source=outer.source or op.source,
         op_name=metadata.op_name if metadata is not None else None,
+        op=op,
+        outer=outer,
     )
 
 

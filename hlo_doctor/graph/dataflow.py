@@ -58,8 +58,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from hlo_doctor.hlo.ir import (
     Computation,
@@ -69,6 +68,9 @@ from hlo_doctor.hlo.ir import (
     Sharding,
     SourceLocation,
 )
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["NO_NODE", "DataflowGraph", "NodeInfo", "NodeKey", "build_graph"]
 
@@ -210,7 +212,9 @@ class DataflowGraph:
     @cached_property
     def nx(self) -> nx.DiGraph:
         """The graph as a read-only ``networkx.DiGraph`` over the on-demand views."""
-        graph = nx.DiGraph(module=self.module.name, path=self.module.path)
+        import networkx  # imported on first use: most analyses never need it
+
+        graph = networkx.DiGraph(module=self.module.name, path=self.module.path)
         graph._node = _NodeAttributes(self)
         graph._adj = graph._succ = self.succ
         graph._pred = self.pred
