@@ -87,3 +87,24 @@ def test_dot_roles_batch_and_convolution():
         ("window", None), ("window", None), ("contracting", None), ("free", 3)]
     with pytest.raises(ValueError):
         dot_dims(entry.get("a"), 3, 3)
+
+
+def test_the_networkx_view_is_the_same_graph():
+    """nx algorithms on the on-demand view agree with the id-level queries."""
+    import networkx as nx
+
+    module = load_dump(FIXTURES / "llama-scan" / "jax-shardy-healthy").modules[0].partitioned().module()
+    graph = build_graph(module)
+    view = graph.nx
+    assert view.number_of_nodes() == len(graph) == sum(len(c.instructions) for c in module.computations)
+    edges = sum(len(graph.sources_of(i)) - (len(graph.operand_ids[i]) - len(set(graph.operand_ids[i])))
+                for i in range(len(graph)))
+    assert view.number_of_edges() == edges
+    entry = module.entry
+    root = (entry.name, entry.root.name)
+    assert nx.ancestors(view, root) == graph.upstream(root) - {root}
+    first = (entry.name, entry.parameters()[0].name)
+    assert nx.descendants(view, first) == graph.downstream(first) - {first}
+    assert view.nodes[root]["instruction"] is entry.root
+    for u, v, data in list(view.edges(data=True))[:500]:
+        assert (u, data["kind"]) in graph.producers(v)

@@ -398,3 +398,44 @@ def test_input_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(folder_module.os, "scandir", denied)
     with pytest.raises(InputError, match="permission denied"):
         load_dump(tmp_path)
+
+
+FIXTURE_ROOT = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _fixture_snapshots():
+    for folder in sorted(p.parent for p in FIXTURE_ROOT.glob("*/*/expected_findings.json")):
+        for module in load_dump(folder).modules:
+            yield from module.snapshots
+
+
+def test_header_reads_agree_with_the_parsed_module_on_every_fixture_snapshot() -> None:
+    """Parameter shapes and buffer donors read from a header line, without parsing, equal the module's."""
+    compared = donors = 0
+    for snapshot in _fixture_snapshots():
+        module = snapshot.module()
+        params = module.entry.parameters()
+        shapes = snapshot.entry_parameter_shapes
+        assert shapes is not None, snapshot.path
+        assert [s.dims for s in shapes] == [p.shape.dims for p in params], snapshot.path
+        assert [s.element_type for s in shapes] == [p.shape.element_type for p in params]
+        assert snapshot.header_attribute("buffer_donor") == module.attribute("buffer_donor")
+        assert snapshot.header_attribute("num_partitions") == module.attribute("num_partitions")
+        compared += 1
+        donors += module.attribute("buffer_donor") is not None
+    assert compared > 100 and donors > 0
+
+
+def test_header_attribute_edge_cases() -> None:
+    """Hand-written header lines (not compiler output)."""
+    from hlo_doctor.dump.folder import entry_layout_parameters, header_attribute
+
+    header = ("HloModule m, is_scheduled=true, entry_computation_layout={(f32[2,3]{1,0}, /*index=1*/(s32[], "
+              "f32[4]))->f32[2]{0}}, num_partitions=4")
+    assert header_attribute(header, "num_partitions") == "4"
+    assert header_attribute(header, "is_scheduled") == "true"
+    assert header_attribute(header, "missing") is None
+    shapes = entry_layout_parameters(header)
+    assert shapes is not None and [s.dims for s in shapes[:1]] == [(2, 3)] and shapes[1].is_tuple
+    assert entry_layout_parameters("HloModule m, entry_computation_layout={(f32[2]") is None
+    assert entry_layout_parameters("HloModule m") is None

@@ -24,6 +24,7 @@ import dataclasses
 import os
 import pickle
 import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,6 +130,9 @@ class _Worker:
 def _serve(ctx: RuleContext, rules: list[Rule], write_end: int) -> None:  # pragma: no cover - child
     status = 1
     try:
+        # Nothing is printed here: a stream lock held by another thread of the parent at the
+        # fork (a progress bar's refresh) would stay held in this copy.
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until _exit
         ctx.pending_names = {}
         outcomes = [run_rule(ctx, rule) for rule in rules]
         failures = [(i, s.error) for i, s in enumerate(ctx.module.snapshots) if s.error is not None]
