@@ -1,0 +1,74 @@
+"""How the batch dim moves through ops (rules/_batch.py), on a hand-written module (not compiler output)."""
+
+from __future__ import annotations
+
+from hlo_doctor.graph.dataflow import build_graph
+from hlo_doctor.hlo import parse_module
+from hlo_doctor.rules._batch import _Propagation
+
+# Hand-written HLO: x[8,4,6] is the batch input (dim 0); w is a weight.
+TEXT = """
+HloModule batch_dims
+
+body {
+  p = (s32[], f32[8,24]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  h = f32[8,24] get-tuple-element(p), index=1
+  n = f32[8,24] negate(h)
+  ROOT t = (s32[], f32[8,24]) tuple(i, n)
+}
+
+cond {
+  p = (s32[], f32[8,24]) parameter(0)
+  ROOT c = pred[] constant(true)
+}
+
+ENTRY main {
+  x = f32[8,4,6] parameter(0)
+  w = f32[24,5] parameter(1)
+  flat = f32[8,24] reshape(x)
+  merged = f32[192] reshape(flat)
+  split = f32[2,4,24] reshape(flat)
+  tr = f32[24,8] transpose(flat), dimensions={1,0}
+  bc = f32[3,24,8] broadcast(tr), dimensions={1,2}
+  summed = f32[24] reduce(tr, c0), dimensions={1}, to_apply=add
+  c0 = f32[] constant(0)
+  phys = f32[8,24]{0,1} copy(flat)
+  cast = f32[24,8]{1,0} bitcast(phys)
+  y = f32[8,5] dot(flat, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  yt = f32[5,8] dot(w, flat), lhs_contracting_dims={0}, rhs_contracting_dims={1}
+  zero = s32[] constant(0)
+  init = (s32[], f32[8,24]) tuple(zero, flat)
+  loop = (s32[], f32[8,24]) while(init), condition=cond, body=body
+  out = f32[8,24] get-tuple-element(loop), index=1
+  ROOT r = (f32[8,5], f32[5,8], f32[192], f32[2,4,24], f32[3,24,8], f32[24], f32[24,8], f32[8,24]) tuple(y, yt, merged, split, bc, summed, cast, out)
+}
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+"""
+
+
+def test_batch_dim_through_each_kind_of_op():
+    module = parse_module(TEXT)
+    graph = build_graph(module)
+    entry = graph.computation_ids("main")
+    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+
+    def dims(name: str, computation: str = "main") -> set[int]:
+        return {d for _, d in values[graph.computation_ids(computation)[name]]}
+
+    assert dims("flat") == {0}          # [8,4,6] -> [8,24]: dim 0 kept
+    assert dims("merged") == {0}        # merged into one dim that holds the batch
+    assert dims("split") == {1}         # 8*24 -> 2*4*24: split, into its largest piece (4)
+    assert dims("tr") == {1}            # transpose by the permutation
+    assert dims("bc") == {2}            # broadcast by dimensions={1,2}
+    assert dims("summed") == set()      # reduced away
+    assert dims("cast") == {1}          # bitcast of layout {0,1}: physically [24,8], batch minor
+    assert dims("y") == {0} and dims("yt") == {1}   # a free dim of either operand
+    assert dims("h", "body") == {0} and dims("n", "body") == {0}   # into the loop
+    assert dims("out") == {0}           # and out of it
+    assert dims("w") == set()
