@@ -201,9 +201,9 @@ class RuleContext:
         """The names after partitioning of after-propagation instructions ``keys`` (those found).
 
         The quick pairing of :func:`~hlo_doctor.graph.linking.match_instructions`, else the
-        whole-module link. Use the result only as a finding's ``name``: in a worker process it
-        is a placeholder that the engine replaces (so that the worker need not parse the
-        partitioned snapshot).
+        whole-module link. In a worker process (see :mod:`hlo_doctor.rules.parallel`) each name
+        is a placeholder, replaced in the finding's name, message, related names and evidence
+        when the worker's findings come back: use it in findings only, not to decide anything.
         """
         from hlo_doctor.graph.linking import twin_refs
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -159,12 +160,18 @@ def _adopt(ctx: RuleContext, result: _WorkerResult) -> list[Outcome]:
     refs = {key: ref for key, ref in result.pending_names.values()}
     names = ctx.resolve_names(refs)
     resolved = {token: names.get(key, key[1]) for token, (key, _) in result.pending_names.items()}
-    outcomes = []
-    for findings, skip in result.outcomes:
-        findings = [
-            dataclasses.replace(f, instruction=resolved.get(f.instruction, f.instruction))
-            if f.instruction is not None and f.instruction.startswith(PENDING_NAME) else f
-            for f in findings
-        ]
-        outcomes.append((findings, skip))
-    return outcomes
+    pattern = re.compile(re.escape(PENDING_NAME) + r"\d+")
+
+    def fill(text: str) -> str:
+        return pattern.sub(lambda m: resolved.get(m.group(), m.group()), text) if PENDING_NAME in text else text
+
+    def filled(finding: Finding) -> Finding:
+        return dataclasses.replace(
+            finding,
+            instruction=fill(finding.instruction) if finding.instruction is not None else None,
+            message=fill(finding.message),
+            related=tuple(fill(name) for name in finding.related),
+            evidence={k: fill(v) if isinstance(v, str) else v for k, v in finding.evidence.items()},
+        )
+
+    return [([filled(f) for f in findings], skip) for findings, skip in result.outcomes]
