@@ -81,3 +81,16 @@ def test_a_parse_failure_in_the_worker_is_reported_once(always_split, tmp_path):
     assert [e.message for e in two.errors] == [e.message for e in one.errors]
     assert [e for e in two.errors if str(after_propagation) in e.path]
     assert render_json(two) == render_json(one)
+
+
+def test_no_worker_for_one_job_a_small_module_or_parsed_snapshots(monkeypatch):
+    forks = []
+    monkeypatch.setattr(parallel._Worker, "__init__", lambda self, ctx, rules: forks.append(rules) or 1 / 0)
+    folder = FIXTURES / "non-batch-dim-sharding" / "jax-shardy-bad"
+    analyze_dump(folder, jobs=2)  # a few hundred kB: below PARALLEL_MIN_BYTES
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    analyze_dump(folder, jobs=1)
+    dump = load_dump(folder)
+    dump.modules[0].snapshot(Role.AFTER_PROPAGATION).module()
+    analyze_dump(dump, jobs=2)  # already in memory here
+    assert forks == []

@@ -49,8 +49,12 @@ def can_fork() -> bool:
 
 
 def default_jobs() -> int:
-    """2 when the machine has two or more cores (and can fork), else 1."""
-    return 2 if can_fork() and (os.cpu_count() or 1) >= 2 else 1
+    """2 when this process may use two or more cores (and can fork), else 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return 2 if can_fork() and cores >= 2 else 1
 
 
 def run_module_rules(
