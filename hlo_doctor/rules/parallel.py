@@ -64,7 +64,7 @@ def run_module_rules(
     (``min_bytes`` of HLO text in the module; default ``PARALLEL_MIN_BYTES``)."""
     min_bytes = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     in_worker = [i for i, rule in enumerate(rules) if getattr(rule, "reads", None) == WORKER_READS]
-    here = [i for i in range(len(rules)) if i not in set(in_worker)]
+    here = [i for i, rule in enumerate(rules) if getattr(rule, "reads", None) != WORKER_READS]
     snapshots = ctx.module.snapshots
     if (
         jobs < 2
@@ -111,6 +111,7 @@ class _Worker:
 
     def result(self) -> _WorkerResult | None:
         with os.fdopen(self._read_end, "rb") as pipe:
+            self._read_end = -1
             data = pipe.read()
         _, status = os.waitpid(self.pid, 0)
         self._done = True
@@ -123,6 +124,9 @@ class _Worker:
         return result if isinstance(result, _WorkerResult) else None
 
     def stop(self) -> None:
+        if self._read_end >= 0:  # never read (this process was interrupted)
+            os.close(self._read_end)
+            self._read_end = -1
         if not self._done:
             try:
                 os.kill(self.pid, signal.SIGKILL)
