@@ -696,9 +696,3 @@ def _propagate(graph: DataflowGraph) -> list:
                     queue.append(target)
                     queued.add(target)
     return values
-
-
-def nodes_of(graph: DataflowGraph, computation: str) -> Iterable[NodeKey]:
-    """The nodes of one computation, in program order."""
-    comp = graph.module.computation(computation)
-    return [] if comp is None else [(computation, i.name) for i in comp.instructions]

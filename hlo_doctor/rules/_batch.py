@@ -236,9 +236,9 @@ def _batch_inputs(graph: DataflowGraph, values: list, touched: list[int], candid
 class _Propagation:
     """Pairs moved forward from seed values, visiting only nodes a seed reaches.
 
-    Nodes are taken from a heap in dataflow order, so (but for loops' back
-    edges) each is computed once, after everything it reads; a loop repeats
-    until its values stop growing.
+    One sweep in dataflow order computes each reached node once, after
+    everything it reads; a loop's back edges are then followed to a fixpoint
+    (values only grow).
     """
 
     def __init__(self, graph: DataflowGraph) -> None:

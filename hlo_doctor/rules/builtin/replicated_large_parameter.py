@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,8 +13,6 @@ from hlo_doctor.rules._suggest import argument_name, parameter_code, python_iden
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes
-
-_DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
 
 @dataclass(frozen=True, slots=True)
