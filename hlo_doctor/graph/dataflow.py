@@ -54,8 +54,8 @@ per element so a loop's weights and activations stay apart.
 from __future__ import annotations
 
 import gc
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -72,7 +72,7 @@ from hlo_doctor.hlo.ir import (
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["NO_NODE", "DataflowGraph", "NodeInfo", "NodeKey", "build_graph"]
+__all__ = ["NO_NODE", "DataflowGraph", "NodeInfo", "NodeKey", "build_graph", "propagate_forward"]
 
 NodeKey = tuple[str, str]  # (computation name, instruction name)
 NO_NODE = -1  # an operand name its computation does not define
@@ -609,21 +609,57 @@ def dataflow_order(graph: DataflowGraph) -> list[int]:
     return order
 
 
-def back_edge_targets(graph: DataflowGraph) -> list[int]:
-    """Nodes that read a value placed at or after them in the dataflow order (loops, shared callees)."""
+def propagate_forward(
+    graph: DataflowGraph, compute: Callable[[int], object], values: list, start: Iterable[int] | None = None
+) -> list[int]:
+    """Fill ``values`` (a list by node id) forward through ``graph`` to a fixpoint.
+
+    The nodes in ``start`` (every node when None), and every node that reads
+    a value that changes, get ``values[node] = compute(node)``: once each, in
+    dataflow order, after what they read. A value that reaches a node placed
+    earlier (a loop's back edge, a callee called from several places) queues
+    that node again, in dataflow order, until nothing changes: ``compute``
+    must only ever grow values, so this ends. Returns the nodes computed, in
+    the order they were (a node computed again appears again).
+    """
     position = graph.dataflow_position
-    found: list[int] = []
-    # Operand edges within a computation run forward in id order (a later
-    # definition is rare): only those and the cross-computation edges can go back.
-    for node, sources in enumerate(graph.operand_ids):
-        for source in sources:
-            if source != NO_NODE and position[source] >= position[node]:
-                found.append(node)
-                break
-    for target, edges in graph.calls_into.items():
-        if any(position[source] >= position[target] for source, _ in edges):
-            found.append(target)
-    return found
+    targets_of = graph.targets_of
+    count = len(graph.instruction_at)
+    if start is None:
+        dirty = bytearray(b"\x01") * count
+    else:
+        dirty = bytearray(count)
+        for node in start:
+            dirty[node] = 1
+    computed: list[int] = []
+    back: set[int] = set()
+    for node in graph.dataflow_order:
+        if not dirty[node]:
+            continue
+        new = compute(node)
+        computed.append(node)
+        if new != values[node]:
+            values[node] = new
+            here = position[node]
+            for target in targets_of(node):
+                if position[target] > here:
+                    dirty[target] = 1
+                else:
+                    back.add(target)
+    heap = [(position[node], node) for node in back]
+    heapq.heapify(heap)
+    while heap:
+        _, node = heapq.heappop(heap)
+        back.discard(node)
+        new = compute(node)
+        computed.append(node)
+        if new != values[node]:
+            values[node] = new
+            for target in targets_of(node):
+                if target not in back:
+                    back.add(target)
+                    heapq.heappush(heap, (position[target], target))
+    return computed
 
 
 def _propagate_params(graph: DataflowGraph) -> list:
@@ -679,20 +715,5 @@ def _propagate(graph: DataflowGraph) -> list:
             value = _join(value, values[source])
         return value
 
-    for node in graph.dataflow_order:
-        values[node] = transfer(node)
-    # Back edges (loops, computations called from several sites): iterate to
-    # the fixpoint; values only grow, so this ends.
-    queue: deque[int] = deque(back_edge_targets(graph))
-    queued = set(queue)
-    while queue:
-        node = queue.popleft()
-        queued.discard(node)
-        new = transfer(node)
-        if new != values[node]:
-            values[node] = new
-            for target in graph.targets_of(node):
-                if target not in queued:
-                    queue.append(target)
-                    queued.add(target)
+    propagate_forward(graph, transfer, values)
     return values

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import heapq
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hlo_doctor.dump import Role
-from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey
+from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey, propagate_forward
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
@@ -236,14 +235,13 @@ def _batch_inputs(graph: DataflowGraph, values: list, touched: list[int], candid
 class _Propagation:
     """Pairs moved forward from seed values, visiting only nodes a seed reaches.
 
-    One sweep in dataflow order computes each reached node once, after
-    everything it reads; a loop's back edges are then followed to a fixpoint
-    (values only grow).
+    The graph's :func:`~hlo_doctor.graph.dataflow.propagate_forward` (one
+    sweep in dataflow order, then loops' back edges to a fixpoint), started
+    at the seeds.
     """
 
     def __init__(self, graph: DataflowGraph) -> None:
         self.graph = graph
-        self.position = graph.dataflow_position
         entry = graph.module.entry
         self.entry_ids = graph.computation_range(entry.name) if entry is not None else range(0)
         self.transfer = _Transfer(graph, self.entry_ids)
@@ -252,21 +250,11 @@ class _Propagation:
         """Every node's value (a list by id, with an always-empty slot for NO_NODE) and the nodes visited."""
         graph = self.graph
         values: list = [_EMPTY] * (len(graph.instruction_at) + 1)
-        touched: list[int] = []
         if not seeds:
-            return values, touched
-        position = self.position
+            return values, []
         instruction_at = graph.instruction_at
-        targets_of = graph.targets_of
         transfer = self.transfer
         transfer.values = values
-        # One sweep in dataflow order computes each node after what it reads;
-        # a value that reaches an earlier node (a loop's back edge) queues it for
-        # the fixpoint below.
-        dirty = bytearray(len(instruction_at))
-        for node in seeds:
-            dirty[node] = 1
-        back: list[int] = []
 
         def compute(node: int) -> object:
             if node in seeds:
@@ -276,34 +264,7 @@ class _Propagation:
                 return _EMPTY
             return transfer(node, instruction)
 
-        for node in graph.dataflow_order:
-            if not dirty[node]:
-                continue
-            new = compute(node)
-            touched.append(node)
-            if new != values[node]:
-                values[node] = new
-                here = position[node]
-                for target in targets_of(node):
-                    if position[target] > here:
-                        dirty[target] = 1
-                    else:
-                        back.append(target)
-        # The fixpoint, over a heap in dataflow order: values only grow, so this ends.
-        heap = [(position[node], node) for node in set(back)]
-        heapq.heapify(heap)
-        queued = {node for _, node in heap}
-        while heap:
-            _, node = heapq.heappop(heap)
-            queued.discard(node)
-            new = compute(node)
-            touched.append(node)
-            if new != values[node]:
-                values[node] = new
-                for target in targets_of(node):
-                    if target not in queued:
-                        queued.add(target)
-                        heapq.heappush(heap, (position[target], target))
+        touched = propagate_forward(graph, compute, values, seeds)
         return values, touched
 
 
