@@ -387,30 +387,9 @@ class _Transfer:
         sources = self.operand_ids[node]
         shape = instruction.shape
         if opcode in _SIMPLE and not shape.is_tuple:
-            # Position-keeping ops (elementwise, converts, copies, collectives,
-            # slices, pads, concatenates, selects): the operands of the same rank.
-            rank = shape.rank
-            instruction_at = self.instruction_at
-            if len(sources) == 1:
-                source = sources[0]
-                value = values[source]
-                if not value or source == NO_NODE:
-                    return _EMPTY
-                operand_shape = instruction_at[source].shape
-                if operand_shape.is_tuple or operand_shape.rank != rank:
-                    return _EMPTY
-                return _array(value)
-            found = None
-            for source in sources:
-                value = values[source]
-                if not value or source == NO_NODE:
-                    continue
-                operand_shape = instruction_at[source].shape
-                if operand_shape.is_tuple or operand_shape.rank != rank:
-                    continue
-                value = _array(value)
-                found = value if found is None or found == value else found | value
-            return _EMPTY if found is None else found
+            # The commonest ops first (elementwise, converts, copies, collectives,
+            # slices, pads, concatenates, selects), as any other op at the end.
+            return self.same_rank(sources, shape.rank)
         if opcode in _DOTS:
             maps = self.dim_maps(node, instruction)
             if maps is None:
@@ -458,15 +437,23 @@ class _Transfer:
         if opcode in ("scatter", "dynamic-update-slice"):
             return _keep(source, shape.rank)
         # Any other op: the operands of the same rank keep their positions.
-        rank = shape.rank
-        found: set = set()
-        for s in sources:
-            if s == NO_NODE:
+        return self.same_rank(sources, shape.rank)
+
+    def same_rank(self, sources: tuple[int, ...], rank: int) -> Pairs:
+        """The pairs of the array operands of rank ``rank``, whose dims keep their positions."""
+        values = self.values
+        instruction_at = self.instruction_at
+        found = None
+        for source in sources:
+            value = values[source]
+            if not value or source == NO_NODE:
                 continue
-            operand_shape = self.instruction_at[s].shape
-            if operand_shape.rank == rank and not operand_shape.is_tuple:
-                found |= _array(values[s])
-        return frozenset(found)
+            operand_shape = instruction_at[source].shape
+            if operand_shape.is_tuple or operand_shape.rank != rank:
+                continue
+            value = _array(value)
+            found = value if found is None or found == value else found | value
+        return _EMPTY if found is None else found
 
     def gather(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
         if len(sources) < 2 or sources[1] == NO_NODE:
