@@ -9,13 +9,13 @@ parse or crashes an analysis is reported in ``errors``; the others go on.
 from __future__ import annotations
 
 import fnmatch
-import gc
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hlo_doctor import __version__
+from hlo_doctor._gc import paused_gc
 from hlo_doctor.dump import Dump, load_dump
 from hlo_doctor.errors import InputError, one_line
 from hlo_doctor.rules import (
@@ -95,13 +95,8 @@ def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:
     analyses' many small allocations, would rescan all of them again and
     again, so it is paused for the run (and works as usual afterwards).
     """
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _analyze(path, **options)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _analyze(

@@ -53,13 +53,13 @@ per element so a loop's weights and activations stay apart.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from hlo_doctor._gc import paused_gc
 from hlo_doctor.hlo.ir import (
     Computation,
     HloModule,
@@ -396,15 +396,8 @@ class _NodeAttributes(Mapping):
 
 def build_graph(module: HloModule) -> DataflowGraph:
     """Build the dataflow graph of ``module`` (see the module docstring)."""
-    # The parsed module holds millions of objects: a cyclic GC pass over
-    # them for every few hundred new lists would cost more than the build.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():  # see hlo_doctor._gc
         return _build(module)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build(module: HloModule) -> DataflowGraph:
@@ -663,13 +656,8 @@ def propagate_forward(
 
 
 def _propagate_params(graph: DataflowGraph) -> list:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _propagate(graph)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _propagate(graph: DataflowGraph) -> list:

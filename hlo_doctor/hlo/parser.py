@@ -12,10 +12,10 @@ from caching shapes by text. Every error is a :class:`ParseError` at
 
 from __future__ import annotations
 
-import gc
 import re
 from collections.abc import Iterable
 
+from hlo_doctor._gc import paused_gc
 from hlo_doctor.hlo import fast_path
 from hlo_doctor.hlo.ir import (
     ELEMENT_BITS,
@@ -682,14 +682,9 @@ def parse_module(text: str, *, path: str | None = None) -> HloModule:
     if not isinstance(text, str):
         raise TypeError("parse_module expects str; decode bytes first")
     parser = Parser(text, None if path is None else str(path))
-    # The IR is acyclic and allocated in bulk: pausing the cyclic garbage
-    # collector avoids repeated scans of the young objects while we build it.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return parser.parse_module()
-    except RecursionError:
-        raise parser.error("nesting too deep") from None
-    finally:
-        if collecting:
-            gc.enable()
+    # The IR is acyclic and allocated in bulk (see hlo_doctor._gc).
+    with paused_gc():
+        try:
+            return parser.parse_module()
+        except RecursionError:
+            raise parser.error("nesting too deep") from None
