@@ -46,29 +46,30 @@ class ReportedFailure(Exception):
     """A snapshot's parse failure as another process reported it (its one-line message)."""
 
 
-_BRACKETS = re.compile(r"[(){}\[\]]")
+def header_attributes(header: str) -> dict[str, str]:
+    """The attributes of a module header line, read by the parser's own header rule
+    (the raw text ``HloModule.attribute`` would give); {} when the line does not parse."""
+    from hlo_doctor.hlo.errors import ParseError
+    from hlo_doctor.hlo.parser import parse_header
+
+    try:
+        return dict(parse_header(header)[1])
+    except ParseError:
+        return {}
 
 
 def header_attribute(header: str, key: str) -> str | None:
-    """The raw value of ``key=...`` in a module header line (brackets balanced), or None."""
-    start = header.find(f", {key}=")
-    if start < 0:
-        return None
-    pos = start + len(key) + 3
-    if not header.startswith(("{", "("), pos):
-        end = header.find(",", pos)
-        return header[pos:] if end < 0 else header[pos:end]
-    depth = 0
-    for match in _BRACKETS.finditer(header, pos):
-        depth += 1 if match.group() in "({[" else -1
-        if depth == 0:
-            return header[pos : match.end()]
-    return None
+    """The raw value of ``key=...`` in a module header line, or None."""
+    return header_attributes(header).get(key)
 
 
 def entry_layout_parameters(header: str) -> tuple[Shape, ...] | None:
     """The parameter shapes in a module header's ``entry_computation_layout={(...)->...}``."""
-    layout = header_attribute(header, "entry_computation_layout")
+    return layout_parameters(header_attribute(header, "entry_computation_layout"))
+
+
+def layout_parameters(layout: str | None) -> tuple[Shape, ...] | None:
+    """The parameter shapes of an ``entry_computation_layout`` value ``{(...)->...}``."""
     if layout is None or not layout.startswith("{("):
         return None
     arrow = layout.rfind(")->")
@@ -233,15 +234,20 @@ class Snapshot:
         except OSError:
             return ""
 
+    @cached_property
+    def header_attributes(self) -> dict[str, str]:
+        """The header line's attributes, read without parsing the module."""
+        return header_attributes(self.first_line)
+
     def header_attribute(self, key: str) -> str | None:
         """The raw text of a header attribute (``buffer_donor``, ``num_partitions`` ...), without parsing."""
-        return header_attribute(self.first_line, key)
+        return self.header_attributes.get(key)
 
     @cached_property
     def entry_parameter_shapes(self) -> tuple[Shape, ...] | None:
         """The entry parameters' shapes from the header's ``entry_computation_layout``, read without
         parsing the module; None when the header has none or it does not read."""
-        return entry_layout_parameters(self.first_line)
+        return layout_parameters(self.header_attribute("entry_computation_layout"))
 
     def __repr__(self) -> str:
         return f"Snapshot({self.path.name!r}, role={self.role.value})"

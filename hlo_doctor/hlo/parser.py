@@ -123,14 +123,18 @@ class Parser(Scanner):
 
     # -- module -------------------------------------------------------------------
 
-    def parse_module(self) -> HloModule:
+    def parse_header(self) -> tuple[str, list[tuple[str, str]]]:
+        """``HloModule name, key=value, ...``: the module name and its attributes (raw text)."""
         self.skip_space()
         if not self.parse_optional_keyword("HloModule"):
             raise self.error("expected 'HloModule' at the start of the module")
         name = self.parse_name("a module name")
         if self.peek() == ":":
             self.pos += 1
-        attributes = self.parse_attributes()
+        return name, self.parse_attributes()
+
+    def parse_module(self) -> HloModule:
+        name, attributes = self.parse_header()
         self.parse_frame_tables()
         entry_name: str | None = None
         while self.peek():
@@ -632,6 +636,13 @@ def make_computation(
         execution_thread=execution_thread,
         by_name=scope.by_name,
     )
+
+
+def parse_header(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The name and attributes of a module's header line, read as :func:`parse_module` reads
+    them (``HloModule.attribute`` gives the same text). Raises :class:`ParseError`."""
+    name, attributes = Parser(text).parse_header()
+    return name, tuple(attributes)
 
 
 def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, str], ...]:
