@@ -226,7 +226,7 @@ def find_collectives(
                 )
             elif opcode in _START_DONE:
                 kind, done_opcode = _START_DONE[opcode]
-                users = users if users is not None else _users(computation)
+                users = users if users is not None else computation.users()
                 done = _follow(users, instruction, {done_opcode})
                 found = _describe(
                     instruction, instruction, computation, computation, Form.START_DONE, done,
@@ -240,7 +240,7 @@ def find_collectives(
                 assert inner_computation is not None
                 op = inner_computation.get(inner[1])
                 assert op is not None
-                users = users if users is not None else _users(computation)
+                users = users if users is not None else computation.users()
                 done = _follow(users, instruction, {"async-done"})
                 found = _describe(
                     op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
@@ -264,14 +264,6 @@ def _wrapped_collective(module: HloModule, start: Instruction) -> tuple[str, str
         if root is not None and root.opcode in COLLECTIVE_OPCODES:
             return called.name, root.name  # type: ignore[union-attr]
     return None
-
-
-def _users(computation: Computation) -> dict[str, list[Instruction]]:
-    users: dict[str, list[Instruction]] = {}
-    for instruction in computation.instructions:
-        for operand in instruction.operands:
-            users.setdefault(operand, []).append(instruction)
-    return users
 
 
 def _follow(users: dict[str, list[Instruction]], start: Instruction, done_opcodes: set[str]) -> str | None:

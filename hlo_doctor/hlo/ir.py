@@ -695,6 +695,14 @@ class Computation:
     def get(self, name: str) -> Instruction | None:
         return self.by_name.get(name)
 
+    def users(self) -> dict[str, list[Instruction]]:
+        """Each value's users in this computation, in program order (made afresh on each call)."""
+        users: dict[str, list[Instruction]] = {}
+        for instruction in self.instructions:
+            for operand in instruction.operands:
+                users.setdefault(operand, []).append(instruction)
+        return users
+
 
 @dataclass(frozen=True, slots=True)
 class HloModule:

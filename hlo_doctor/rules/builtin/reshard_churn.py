@@ -130,7 +130,7 @@ class ReshardChurn(Rule):
 
         def users_of(computation: Computation) -> dict[str, list[Instruction]]:
             if computation.name not in cache:
-                cache[computation.name] = _users(computation)
+                cache[computation.name] = computation.users()
             return cache[computation.name]
 
         steps: dict[str, _Reshard] = {}
@@ -381,15 +381,6 @@ def _walk_down(instruction: Instruction, users) -> Instruction:
             break
         node = following[0]
     return node
-
-
-def _users(computation: Computation) -> dict[str, list[Instruction]]:
-    """Each value's users in ``computation``."""
-    users: dict[str, list[Instruction]] = {}
-    for instruction in computation.instructions:
-        for operand in instruction.operands:
-            users.setdefault(operand, []).append(instruction)
-    return users
 
 
 def _constraint_before(step: _Reshard) -> Instruction | None:
