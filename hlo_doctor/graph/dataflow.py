@@ -202,12 +202,12 @@ class DataflowGraph:
     @cached_property
     def pred(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
         """node -> {the node it reads: edge data}, made per node on first use."""
-        return _Adjacency(self, incoming=True)
+        return _PerNode(self, lambda node, key: _incoming(self, node))
 
     @cached_property
     def succ(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
         """node -> {the node reading it: edge data}, made per node on first use."""
-        return _Adjacency(self, incoming=False)
+        return _PerNode(self, lambda node, key: _outgoing(self, node))
 
     @cached_property
     def nx(self) -> nx.DiGraph:
@@ -215,7 +215,9 @@ class DataflowGraph:
         import networkx  # imported on first use: most analyses never need it
 
         graph = networkx.DiGraph(module=self.module.name, path=self.module.path)
-        graph._node = _NodeAttributes(self)
+        graph._node = _PerNode(self, lambda node, key: {
+            "instruction": self.instruction_at[node], "computation": key[0], "shape": self.instruction_at[node].shape,
+        })
         graph._adj = graph._succ = self.succ
         graph._pred = self.pred
         return graph
@@ -320,68 +322,21 @@ class DataflowGraph:
         return _flatten(self._params[node])
 
 
-class _Adjacency(Mapping):
-    """networkx-style adjacency over node keys, made per node from the id lists."""
+class _PerNode(Mapping):
+    """A read-only mapping node key -> ``make(node id, key)``, made on first read and kept."""
 
-    def __init__(self, graph: DataflowGraph, *, incoming: bool) -> None:
+    def __init__(self, graph: DataflowGraph, make: Callable[[int, NodeKey], dict]) -> None:
         self._graph = graph
-        self._incoming = incoming
-        self._made: dict[NodeKey, dict[NodeKey, dict]] = {}
-
-    def __getitem__(self, key: NodeKey) -> dict[NodeKey, dict]:
-        made = self._made.get(key)
-        if made is None:
-            node = self._graph.id_of(key)
-            if node is None:
-                raise KeyError(key)
-            made = self._made[key] = self._incoming_of(node) if self._incoming else self._outgoing_of(node)
-        return made
-
-    def _incoming_of(self, node: int) -> dict[NodeKey, dict]:
-        graph = self._graph
-        keys = graph.keys
-        slots: dict[int, tuple[int, ...]] = {}
-        for slot, source in enumerate(graph.operand_ids[node]):
-            if source != NO_NODE:
-                slots[source] = slots.get(source, ()) + (slot,)
-        made = {keys[source]: _edge("operand", indices) for source, indices in slots.items()}
-        for source, kind in graph.calls_into.get(node, ()):
-            made[keys[source]] = _edge(kind)
-        return made
-
-    def _outgoing_of(self, node: int) -> dict[NodeKey, dict]:
-        graph = self._graph
-        keys = graph.keys
-        made = {}
-        for user in graph.user_ids[node]:
-            indices = tuple(slot for slot, source in enumerate(graph.operand_ids[user]) if source == node)
-            made[keys[user]] = _edge("operand", indices)
-        for target, kind in graph.calls_out_of.get(node, ()):
-            made[keys[target]] = _edge(kind)
-        return made
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._graph
-
-    def __iter__(self) -> Iterator[NodeKey]:
-        return iter(self._graph.keys)
-
-    def __len__(self) -> int:
-        return len(self._graph.keys)
-
-
-class _NodeAttributes(Mapping):
-    """networkx's node attribute dicts, made per node on first read."""
-
-    def __init__(self, graph: DataflowGraph) -> None:
-        self._graph = graph
+        self._make = make
         self._made: dict[NodeKey, dict] = {}
 
     def __getitem__(self, key: NodeKey) -> dict:
         made = self._made.get(key)
         if made is None:
-            instruction = self._graph.instruction(key)
-            made = self._made[key] = {"instruction": instruction, "computation": key[0], "shape": instruction.shape}
+            node = self._graph.id_of(key)
+            if node is None:
+                raise KeyError(key)
+            made = self._made[key] = self._make(node, key)
         return made
 
     def __contains__(self, key: object) -> bool:
@@ -391,7 +346,32 @@ class _NodeAttributes(Mapping):
         return iter(self._graph.keys)
 
     def __len__(self) -> int:
-        return len(self._graph.keys)
+        return len(self._graph)
+
+
+def _incoming(graph: DataflowGraph, node: int) -> dict[NodeKey, dict]:
+    """networkx's ``pred[key]``: each node ``node`` reads, with the edge data."""
+    keys = graph.keys
+    slots: dict[int, tuple[int, ...]] = {}
+    for slot, source in enumerate(graph.operand_ids[node]):
+        if source != NO_NODE:
+            slots[source] = slots.get(source, ()) + (slot,)
+    made = {keys[source]: _edge("operand", indices) for source, indices in slots.items()}
+    for source, kind in graph.calls_into.get(node, ()):
+        made[keys[source]] = _edge(kind)
+    return made
+
+
+def _outgoing(graph: DataflowGraph, node: int) -> dict[NodeKey, dict]:
+    """networkx's ``succ[key]``: each node reading ``node``, with the edge data."""
+    keys = graph.keys
+    made = {}
+    for user in graph.user_ids[node]:
+        indices = tuple(slot for slot, source in enumerate(graph.operand_ids[user]) if source == node)
+        made[keys[user]] = _edge("operand", indices)
+    for target, kind in graph.calls_out_of.get(node, ()):
+        made[keys[target]] = _edge(kind)
+    return made
 
 
 def build_graph(module: HloModule) -> DataflowGraph:
