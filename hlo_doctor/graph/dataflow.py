@@ -148,8 +148,7 @@ class DataflowGraph:
         """Node id -> key (made on first use)."""
         keys: list[NodeKey] = []
         instruction_at = self.instruction_at
-        bounds = [first for first, _ in self._spans[1:]] + [len(instruction_at)]
-        for (first, name), end in zip(self._spans, bounds):
+        for (first, name), end in zip(self._spans, self._span_ends):
             keys.extend([(name, instruction.name) for instruction in instruction_at[first:end]])
         return keys
 
@@ -160,11 +159,15 @@ class DataflowGraph:
 
     def computation_range(self, computation: str) -> range:
         """The ids of one computation's instructions (empty when unknown)."""
-        local = self._ids.get(computation)
-        if not local:
-            return range(0)
-        first = min(local.values())
-        return range(first, first + len(local))
+        return self._ranges.get(computation, range(0))
+
+    @cached_property
+    def _span_ends(self) -> list[int]:
+        return [first for first, _ in self._spans[1:]] + [len(self.instruction_at)]
+
+    @cached_property
+    def _ranges(self) -> dict[str, range]:
+        return {name: range(first, end) for (first, name), end in zip(self._spans, self._span_ends)}
 
     def computation_ids(self, computation: str) -> dict[str, int]:
         """Instruction name -> node id, for one computation (empty when unknown)."""
