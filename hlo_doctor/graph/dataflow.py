@@ -202,15 +202,23 @@ class DataflowGraph:
         return position
 
     # ---- key-level views -------------------------------------------------
+    # The views hold the graph's lists (_Arrays), never the graph itself: a
+    # view cached on the graph that pointed back at it would make a reference
+    # cycle, and the whole module would then wait for the cyclic collector.
+    @cached_property
+    def _arrays(self) -> _Arrays:
+        return _Arrays(self.keys, self._ids, self.instruction_at, self.operand_ids, self.user_ids,
+                       self.calls_into, self.calls_out_of)
+
     @cached_property
     def pred(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
         """node -> {the node it reads: edge data}, made per node on first use."""
-        return _PerNode(self, lambda node, key: _incoming(self, node))
+        return _PerNode(self._arrays, _incoming)
 
     @cached_property
     def succ(self) -> Mapping[NodeKey, dict[NodeKey, dict]]:
         """node -> {the node reading it: edge data}, made per node on first use."""
-        return _PerNode(self, lambda node, key: _outgoing(self, node))
+        return _PerNode(self._arrays, _outgoing)
 
     @cached_property
     def nx(self) -> nx.DiGraph:
@@ -218,9 +226,7 @@ class DataflowGraph:
         import networkx  # imported on first use: most analyses never need it
 
         graph = networkx.DiGraph(module=self.module.name, path=self.module.path)
-        graph._node = _PerNode(self, lambda node, key: {
-            "instruction": self.instruction_at[node], "computation": key[0], "shape": self.instruction_at[node].shape,
-        })
+        graph._node = _PerNode(self._arrays, _attributes)
         graph._adj = graph._succ = self.succ
         graph._pred = self.pred
         return graph
@@ -325,54 +331,79 @@ class DataflowGraph:
         return _flatten(self._params[node])
 
 
-class _PerNode(Mapping):
-    """A read-only mapping node key -> ``make(node id, key)``, made on first read and kept."""
+@dataclass(frozen=True, slots=True)
+class _Arrays:
+    """What the key-level views read: the graph's lists, without the graph."""
 
-    def __init__(self, graph: DataflowGraph, make: Callable[[int, NodeKey], dict]) -> None:
-        self._graph = graph
+    keys: list[NodeKey]
+    ids: dict[str, dict[str, int]]
+    instruction_at: list[Instruction]
+    operand_ids: list[tuple[int, ...]]
+    user_ids: list[list[int]]
+    calls_into: dict[int, list[tuple[int, str]]]
+    calls_out_of: dict[int, list[tuple[int, str]]]
+
+    def id_of(self, key: object) -> int | None:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return None
+        local = self.ids.get(key[0])
+        return local.get(key[1]) if local is not None else None
+
+
+class _PerNode(Mapping):
+    """A read-only mapping node key -> ``make(arrays, node id)``, made on first read and kept."""
+
+    def __init__(self, arrays: _Arrays, make: Callable[[_Arrays, int], dict]) -> None:
+        self._arrays = arrays
         self._make = make
         self._made: dict[NodeKey, dict] = {}
 
     def __getitem__(self, key: NodeKey) -> dict:
         made = self._made.get(key)
         if made is None:
-            node = self._graph.id_of(key)
+            node = self._arrays.id_of(key)
             if node is None:
                 raise KeyError(key)
-            made = self._made[key] = self._make(node, key)
+            made = self._made[key] = self._make(self._arrays, node)
         return made
 
     def __contains__(self, key: object) -> bool:
-        return key in self._graph
+        return self._arrays.id_of(key) is not None
 
     def __iter__(self) -> Iterator[NodeKey]:
-        return iter(self._graph.keys)
+        return iter(self._arrays.keys)
 
     def __len__(self) -> int:
-        return len(self._graph)
+        return len(self._arrays.instruction_at)
 
 
-def _incoming(graph: DataflowGraph, node: int) -> dict[NodeKey, dict]:
+def _attributes(arrays: _Arrays, node: int) -> dict:
+    """networkx's node attribute dict."""
+    instruction = arrays.instruction_at[node]
+    return {"instruction": instruction, "computation": arrays.keys[node][0], "shape": instruction.shape}
+
+
+def _incoming(arrays: _Arrays, node: int) -> dict[NodeKey, dict]:
     """networkx's ``pred[key]``: each node ``node`` reads, with the edge data."""
-    keys = graph.keys
+    keys = arrays.keys
     slots: dict[int, tuple[int, ...]] = {}
-    for slot, source in enumerate(graph.operand_ids[node]):
+    for slot, source in enumerate(arrays.operand_ids[node]):
         if source != NO_NODE:
             slots[source] = slots.get(source, ()) + (slot,)
     made = {keys[source]: _edge("operand", indices) for source, indices in slots.items()}
-    for source, kind in graph.calls_into.get(node, ()):
+    for source, kind in arrays.calls_into.get(node, ()):
         made[keys[source]] = _edge(kind)
     return made
 
 
-def _outgoing(graph: DataflowGraph, node: int) -> dict[NodeKey, dict]:
+def _outgoing(arrays: _Arrays, node: int) -> dict[NodeKey, dict]:
     """networkx's ``succ[key]``: each node reading ``node``, with the edge data."""
-    keys = graph.keys
+    keys = arrays.keys
     made = {}
-    for user in graph.user_ids[node]:
-        indices = tuple(slot for slot, source in enumerate(graph.operand_ids[user]) if source == node)
+    for user in arrays.user_ids[node]:
+        indices = tuple(slot for slot, source in enumerate(arrays.operand_ids[user]) if source == node)
         made[keys[user]] = _edge("operand", indices)
-    for target, kind in graph.calls_out_of.get(node, ()):
+    for target, kind in arrays.calls_out_of.get(node, ()):
         made[keys[target]] = _edge(kind)
     return made
 
