@@ -45,7 +45,12 @@ class DeviceMap:
       host layout is unknown;
     * ``num_partitions``: partitions per replica (to split flattened ids);
     * ``host_source``: where the host layout came from: ``"argument"``,
-      ``"topology"``, ``"sidecar"``, ``"single-process"`` or None.
+      ``"topology"``, ``"sidecar"``, ``"single-process"`` or None;
+    * ``slice_of``: physical device -> slice index (TPU multi-slice: the
+      devices of a slice are joined by ICI, slices by DCN), or None when the
+      dump says nothing of slices (one slice, or not a TPU);
+    * ``platform``: ``"cpu"``, ``"gpu"``, ``"tpu"`` or None when unknown. On
+      TPU the slow boundary is the slice, elsewhere the host.
     """
 
     logical_to_physical: tuple[int, ...]
@@ -54,6 +59,8 @@ class DeviceMap:
     num_partitions: int | None = None
     assignment_source: str = "identity"  # "compile_options" | "config.pbtxt" | "identity"
     host_source: str | None = None
+    slice_of: dict[int, int] | None = None
+    platform: str | None = None
 
     @property
     def num_devices(self) -> int:
@@ -102,6 +109,35 @@ class DeviceMap:
         """Whether a group of *logical* ids runs on more than one host (None: unknown)."""
         hosts = self.hosts(group)
         return None if hosts is None else len(hosts) > 1
+
+    def slices(self, group: Iterable[int]) -> tuple[int, ...] | None:
+        """The sorted distinct slices of a group of *logical* ids; None when unknown."""
+        if self.slice_of is None:
+            return None
+        found: set[int] = set()
+        for device in self.physical(group):
+            index = self.slice_of.get(device)
+            if index is None:
+                return None
+            found.add(index)
+        return tuple(sorted(found))
+
+    def spans_slices(self, group: Iterable[int]) -> bool | None:
+        """Whether a group of *logical* ids runs on more than one slice (None: unknown)."""
+        found = self.slices(group)
+        return None if found is None else len(found) > 1
+
+    @property
+    def slow_boundary(self) -> str:
+        """``"slice"`` on TPU (ICI joins the hosts of a slice), else ``"host"``."""
+        return "slice" if self.platform == "tpu" else "host"
+
+    def crosses_slow_boundary(self, group: Iterable[int]) -> bool | None:
+        """Whether a group of logical ids crosses the slow link: slices on TPU, hosts elsewhere."""
+        if self.platform == "tpu":
+            spans = self.spans_slices(group)
+            return False if spans is None and self.slice_of is None else spans
+        return self.spans_hosts(group)
 
 
 def device_map(

@@ -31,6 +31,18 @@ class HardwareProfile:
     devices_per_host: int
     description: str = ""
     sources: tuple[str, ...] = ()
+    # Optional keys. ``peak_flops``: dense FLOP/s per device by element type (``bf16``,
+    # ``f16``, ``f32``, ``f8e4m3fn``, ``s8`` ...), falling back to ``peak_bf16_flops``.
+    # ``platform``: ``gpu`` or ``tpu`` (from the name when absent). ``inter_slice_bandwidth``:
+    # bytes/s each way per device between TPU slices (DCN); None when not modelled.
+    peak_flops: tuple[tuple[str, float], ...] = ()
+    platform: str = "gpu"
+    inter_slice_bandwidth: float | None = None
+
+    def peak_for(self, element_type: str) -> float:
+        """Dense peak FLOP/s for dots of ``element_type`` (bf16's when the profile has no figure)."""
+        table = dict(self.peak_flops)
+        return table.get(element_type, self.peak_bf16_flops)
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> HardwareProfile:
@@ -46,6 +58,10 @@ class HardwareProfile:
                 devices_per_host=int(data["devices_per_host"]),
                 description=str(data.get("description", "")),
                 sources=tuple(str(s) for s in data.get("sources", ())),
+                peak_flops=tuple(sorted((str(k), float(v)) for k, v in dict(data.get("peak_flops", {})).items())),
+                platform=str(data.get("platform") or ("tpu" if str(data["name"]).startswith("tpu") else "gpu")),
+                inter_slice_bandwidth=(float(data["inter_slice_bandwidth"])
+                                       if data.get("inter_slice_bandwidth") is not None else None),
             )
         except (TypeError, ValueError) as error:
             raise InputError(f"bad hardware profile: {error}", path=where) from None
