@@ -34,7 +34,7 @@ def test_tp_all_reduce_across_hosts(partitioner):
     ev = finding.evidence
     assert ev["kind"] == "all-reduce"
     assert ev["mesh_axes"] == ["tp"]
-    assert ev["batch_axes"] == ["dp"]
+    assert ev["data_parallel_axes"] == ["dp"]
     assert ev["physical_groups"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert ev["crossing_groups"] == 4
     assert ev["hosts"] == [0, 1]

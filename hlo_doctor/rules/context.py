@@ -19,6 +19,7 @@ from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.rules.base import SourceRef
+from hlo_doctor.semantics import ModuleSemantics
 
 if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow import DataflowGraph
@@ -238,6 +239,11 @@ class RuleContext:
         module = self.per_device
         found = module.computation(computation) if module is not None else None
         return found.get(name) if found is not None else None
+
+    @cached_property
+    def semantics(self) -> ModuleSemantics:
+        """The analysis layer for this module: collectives, roles, batch facts, costs."""
+        return ModuleSemantics(self)
 
     @cached_property
     def graph(self) -> DataflowGraph | None:

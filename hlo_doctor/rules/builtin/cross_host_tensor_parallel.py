@@ -7,22 +7,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from hlo_doctor.graph.collectives import Collective
-from hlo_doctor.hlo.ir import Instruction
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.units import format_bytes
 
-# Mesh axis names that mean "the batch is split over this axis" (data parallel / FSDP).
-BATCH_AXIS_NAMES = frozenset({"data", "dp", "ddp", "batch", "fsdp", "replica", "dcn", "zero"})
-
-# Ops that move or re-type a stored tensor without computing on it.
-_STORAGE_OPS = frozenset({
-    "reshape", "transpose", "bitcast", "copy", "convert", "slice", "dynamic-slice",
-    "get-tuple-element", "all-gather", "all-gather-start", "all-gather-done",
-    "async-start", "async-done", "bitcast-convert", "optimization-barrier",
-})
-
-_INTEGER = ("s", "u", "pred")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +25,22 @@ class CrossHostTensorParallel(Rule):
 
     **What it finds**
 
-    Collectives of the partitioned module (all-reduce, all-gather,
-    reduce-scatter, all-to-all, collective-permute) whose *physical* device
-    groups (the replica groups mapped through the device assignment) span
-    more than one host, and that carry **activations over a model axis**:
+    Collectives of the partitioned module whose *physical* device groups
+    (the replica groups mapped through the device assignment) cross the
+    slow boundary (hosts on GPU and CPU, slices on TPU, where ICI joins the
+    hosts of a slice), and that are **tensor-parallel traffic on
+    activations**, as the analysis layer judges it from the dataflow
+    (:mod:`hlo_doctor.semantics.roles`):
 
-    * the operand is *computed* (it is not an entry parameter merely moved:
-      reshaped, converted, sliced, gathered), so it is not an FSDP weight
-      gather;
-    * the collective's mesh axes are not all batch axes (axes named
-      ``data``/``dp``/``fsdp``/``batch``/``replica``..., or axes that shard
-      an integer input such as the tokens), so it is not a gradient
-      reduction or any other data-parallel traffic, which is meant to cross
-      hosts.
+    * the role is ``activation-reduce`` (partial sums of a value that still
+      carries the batch dim) or ``activation-gather``; weight gathers,
+      gradient reductions, expert dispatch, pipeline sends, scalar and index
+      traffic and self-pairs are never reported: FSDP, data parallelism,
+      expert and pipeline parallelism cross hosts by design;
+    * the collective's mesh axes are not data-parallel: axes that split the
+      batch of a data input, or over which gradients are reduced (an
+      activation gathered over such an axis is a lost batch sharding,
+      reported by ``activation-all-gather``). Axis names are never read.
 
     Hosts come from ``--devices-per-host N``, the runner's record, or the
     dump's topology (the process index of each device); without any of them
@@ -104,36 +96,30 @@ class CrossHostTensorParallel(Rule):
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
         if ctx.per_device is None:
             raise RuleSkipped("no partitioned or after-optimizations snapshot")
-        collectives = [c for c in ctx.collectives if max(len(g) for g in c.logical_groups or ((),)) > 1]
-        if not collectives:
+        semantics = ctx.semantics
+        roles = [r for r in semantics.roles if r.role in ACTIVATION_ROLES and r.facts.talking_groups]
+        if not roles:
             return
         device_map = ctx.device_map
-        if device_map.host_of is None:
+        if device_map.host_of is None and device_map.slice_of is None:
             raise RuleSkipped(
                 "the host of each device is unknown: pass --devices-per-host N "
                 "(or record it with `hlo-doctor run --devices-per-host N`)"
             )
-        graph = ctx.graph
-        module = ctx.per_device
-        batch = batch_axes(ctx)
-        # mesh axes -> the TP collectives over them that cross hosts
+        data_parallel = semantics.data_parallel_axes
+        # mesh axes -> the TP collectives over them that cross the slow boundary
         found: dict[tuple[str, ...] | None, list[Collective]] = {}
-        for op in collectives:
-            if not op.crosses_hosts:
+        for role in roles:
+            facts = role.facts
+            if not facts.crosses_slow_boundary:
                 continue
-            if max(op.bytes_in_per_device, op.bytes_out_per_device) < self.options.min_bytes:
+            if facts.bytes_per_device < self.options.min_bytes:
                 continue
-            axes = op.mesh_axes
-            if axes is not None and axes and set(axes) <= batch:
-                continue  # data parallel / FSDP: gradients and weight gathers are meant to cross hosts
-            instruction = ctx.instruction(op.computation, op.instruction)
-            if instruction is None or graph is None or module is None:
-                continue
-            if _is_stored(ctx, op.computation, instruction):
-                continue  # a weight (or input) moved as is: FSDP-style gather, not an activation
-            found.setdefault(axes, []).append(op)
+            if semantics.is_data_parallel(role):
+                continue  # over data-parallel axes: a lost batch sharding, not tensor parallelism
+            found.setdefault(facts.op.mesh_axes, []).append(facts.op)
         for axes, ops in found.items():
-            yield self._finding(ctx, axes, ops, batch)
+            yield self._finding(ctx, axes, ops, set(data_parallel))
 
     def _finding(self, ctx: RuleContext, axes, ops: list[Collective], batch: set[str]) -> Finding:
         executions = ctx.executions
@@ -178,7 +164,7 @@ class CrossHostTensorParallel(Rule):
             evidence={
                 "kind": top.kind,
                 "mesh_axes": list(axes) if axes else None,
-                "batch_axes": sorted(batch),
+                "data_parallel_axes": sorted(batch),
                 "physical_groups": [list(g) for g in physical],
                 "crossing_groups": len(crossing),
                 "hosts": hosts,
@@ -191,71 +177,6 @@ class CrossHostTensorParallel(Rule):
                 "inter_host_bytes_per_step": total_wire,
             },
         )
-
-
-def batch_axes(ctx: RuleContext) -> set[str]:
-    """Mesh axes the batch is split over: by name, and those sharding an integer input (the tokens)."""
-    mesh = ctx.mesh
-    if mesh is None:
-        return set()
-    found = {a for a in mesh.axis_names if a.lower() in BATCH_AXIS_NAMES}
-    # The per-device parameters keep their element types, ranks and shardings.
-    module = ctx.per_device or ctx.sharded
-    if module is None or module.entry is None or mesh.is_inferred:
-        return found
-    from hlo_doctor.graph.mesh import dim_axes
-    from hlo_doctor.rules._batch import parameter_sharding
-
-    for param in module.entry.parameters():
-        shape, sharding = param.shape, parameter_sharding(param, ctx)
-        if sharding is None or shape.is_tuple or not shape.element_type.startswith(_INTEGER) or shape.rank == 0:
-            continue
-        axes = dim_axes(sharding, shape.rank, mesh)
-        if axes:
-            found.update(a.split(":(")[0] for a in axes[0])
-    return found
-
-
-def _is_stored(ctx: RuleContext, computation: str, instruction: Instruction) -> bool:
-    """Whether the collective's operand is an entry parameter (a weight) only moved, not computed.
-
-    Walks up through reshapes, converts, slices, gathers and tuple accesses.
-    Inside a loop body a carried value counts as stored when it derives from
-    exactly one entry parameter (a stacked weight), not from the input and
-    the weights together (an activation). An integer input is data, not stored.
-    """
-    graph = ctx.graph
-    module = ctx.per_device
-    assert graph is not None and module is not None
-    entry = module.entry.name if module.entry is not None else None
-    comp = module.computation(computation)
-    if comp is None:
-        return False
-    operands = instruction.operands[:1] if instruction.opcode.startswith("collective-permute") else instruction.operands
-    if not operands:
-        return False
-    for name in operands:
-        current = comp.get(name)
-        for _ in range(32):
-            if current is None:
-                return False
-            if current.opcode == "parameter":
-                if comp.name == entry:
-                    if current.shape.element_type.startswith(_INTEGER):
-                        return False
-                    break
-                return len(graph.entry_parameters((comp.name, current.name))) == 1
-            if current.opcode == "get-tuple-element" and comp.name != entry:
-                params = graph.entry_parameters((comp.name, current.name))
-                if len(params) != 1:
-                    return False
-                break
-            if current.opcode not in _STORAGE_OPS or not current.operands:
-                return False
-            current = comp.get(current.operands[0])
-        else:
-            return False
-    return True
 
 
 def _mesh_fix(mesh, tp_axes: Sequence[str], per_host: int | None, num_devices: int) -> tuple[str, str, str]:

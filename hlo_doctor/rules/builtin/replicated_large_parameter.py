@@ -28,11 +28,13 @@ class ReplicatedLargeParameter(Rule):
 
     An entry parameter of at least ``min_bytes`` whose sharding after
     propagation is replicated on every device, in a module where at least
-    one other parameter of at least ``min_bytes`` is sharded (so the program
-    does shard its weights, FSDP-style, and this one was missed). Scalars are
-    never judged (torch_xla passes Python scalars as replicated ``f32[]``
-    parameters), and in a torch_xla training step only the weights (the
-    header's ``buffer_donor`` entries) are.
+    one other *weight* of at least ``min_bytes`` is sharded (so the program
+    does shard its weights, FSDP-style, and this one was missed). Weights are
+    compared with weights only: which parameters are weights and which are
+    data (the batch input, tokens, labels) or scalars is decided by the
+    analysis layer from the dataflow (:mod:`hlo_doctor.semantics.parameters`),
+    so a data-parallel program, whose weights are all replicated on purpose
+    while its batch is sharded, gets no finding.
 
     **Why it hurts**
 
@@ -69,26 +71,35 @@ class ReplicatedLargeParameter(Rule):
 
     id = "replicated-large-parameter"
     severity = Severity.WARNING
-    reads = frozenset({"sharded"})
+    reads = frozenset({"per_device"})
     summary = "A large parameter is fully replicated while comparable parameters are sharded."
     Options = ReplicatedLargeParameterOptions
 
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
-        module = ctx.after_propagation or ctx.before_optimizations
-        if module is None or module.entry is None:
-            raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
+        module = ctx.per_device
+        shapes = ctx.global_parameter_shapes
+        if module is None or module.entry is None or shapes is None:
+            raise RuleSkipped("no partitioned snapshot with the global parameter shapes in a header")
         n = ctx.num_partitions
         if n <= 1:
             return
         params = module.entry.parameters()
-        donors = buffer_donors(ctx)
-        if donors:
-            params = [p for p in params if p.parameter_number in donors]
+        classes = ctx.semantics.parameters
+        if classes is not None:
+            # weights are compared with weights: the batch input and other data never count
+            params = [p for p in params if p.parameter_number in classes.weights]
+        else:
+            donors = buffer_donors(ctx)
+            if donors:
+                params = [p for p in params if p.parameter_number in donors]
         replicated: list[Instruction] = []
         sharded: list[tuple[Instruction, tuple[int, ...]]] = []
         for param in params:
             sharding = param.sharding
-            shape = param.shape
+            number = param.parameter_number
+            if number is None or number >= len(shapes):
+                continue
+            shape = shapes[number]
             if sharding is None or shape.is_tuple or sharding.is_tuple or shape.rank == 0:
                 continue
             if shape.byte_size < self.options.min_bytes:
@@ -108,7 +119,7 @@ class ReplicatedLargeParameter(Rule):
             yield self._finding(ctx, module, param, sharded, shard_count, axes)
 
     def _finding(self, ctx, module: HloModule, param, sharded, shard_count, axes) -> Finding:
-        shape = param.shape
+        shape = ctx.global_parameter_shapes[param.parameter_number]
         name = argument_name(param)
         dims = sorted(range(shape.rank), key=lambda d: (-shape.dims[d], d))
         dim = next((d for d in dims if shape.dims[d] % shard_count == 0), None)
@@ -119,7 +130,7 @@ class ReplicatedLargeParameter(Rule):
             spec[dim] = axis_names
         jax_code, torch_code = parameter_code(spec, python_identifier(name))
         examples = ", ".join(argument_name(p) for p, _ in sharded[:3])
-        anchor = _partitioned_param(ctx, param) or param
+        anchor = param
         message = (
             f"parameter {name} ({shape}, {format_bytes(shape.byte_size)}) is replicated on all {ctx.num_partitions} devices "
             f"while {len(sharded)} comparable parameter{'s are' if len(sharded) != 1 else ' is'} sharded "
@@ -171,16 +182,6 @@ def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None
                 s == 1 for a, s in zip(mesh.axis_names, mesh.axis_sizes) if a not in axes
             ) else axes
     return shard_count, axes
-
-
-def _partitioned_param(ctx: RuleContext, param: Instruction) -> Instruction | None:
-    module = ctx.partitioned
-    if module is None or module.entry is None:
-        return None
-    for candidate in module.entry.parameters():
-        if candidate.parameter_number == param.parameter_number:
-            return candidate
-    return None
 
 
 def _first_user_with_source(ctx: RuleContext, module: HloModule, param: Instruction) -> Instruction:

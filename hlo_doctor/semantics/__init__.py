@@ -1,0 +1,143 @@
+"""The analysis layer between the dataflow graph and the rules.
+
+One :class:`ModuleSemantics` per module, cached on the rule context
+(``ctx.semantics``), answers what every rule used to work out for itself:
+
+* :attr:`ModuleSemantics.collectives`: every collective in every form, with
+  groups, mesh axes, bytes, executions per step, schedule position and
+  whether it crosses the slow boundary (:mod:`.collective_model`);
+* :attr:`ModuleSemantics.roles`: what each collective is for, from dataflow
+  (:mod:`.roles`);
+* :attr:`ModuleSemantics.parameters`: weights, data and scalars (:mod:`.parameters`);
+* :attr:`ModuleSemantics.batch`: the batch dims of every value
+  (:mod:`.batch_dims`), and :attr:`ModuleSemantics.data_parallel_axes`: the
+  mesh axes that split the batch or over which gradients are reduced;
+* :meth:`ModuleSemantics.cost`: time per collective and per matmul on a
+  hardware profile (:mod:`.cost`).
+
+Nothing here reads a name to decide; names only label.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from hlo_doctor.graph.mesh import dim_axes
+from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
+from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts, collective_facts
+from hlo_doctor.semantics.execution import Executions, execution_counts
+from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
+from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles
+from hlo_doctor.semantics.view import ModuleView
+
+__all__ = [
+    "ACTIVATION_ROLES",
+    "ROLES",
+    "CollectiveFacts",
+    "CollectiveRole",
+    "EntryParameters",
+    "Executions",
+    "ModuleSemantics",
+    "OperandFacts",
+    "OperandRole",
+]
+
+
+class ModuleSemantics:
+    """The analysis layer's facts about one module (per-device snapshot), each made on first use."""
+
+    def __init__(self, view: ModuleView) -> None:
+        self.view = view
+
+    @cached_property
+    def executions(self) -> dict[str, Executions]:
+        module = self.view.per_device
+        return execution_counts(module) if module is not None else {}
+
+    @cached_property
+    def collectives(self) -> tuple[CollectiveFacts, ...]:
+        module, graph = self.view.per_device, self.view.graph
+        if module is None or graph is None:
+            return ()
+        return collective_facts(module, graph, self.view.collectives, self.view.device_map, self.executions)
+
+    @cached_property
+    def parameters(self) -> EntryParameters | None:
+        module, graph = self.view.per_device, self.view.graph
+        if module is None or graph is None:
+            return None
+        return classify_parameters(self.view, module, graph)
+
+    @cached_property
+    def batch(self) -> BatchAnalysis | None:
+        """Batch dims of every value, seeded at dim 0 of every data input (sharded or not)."""
+        module, graph, params = self.view.per_device, self.view.graph, self.parameters
+        if module is None or graph is None or params is None:
+            return None
+        return analyze_data_batch(self.view, module, graph, params.data)
+
+    @cached_property
+    def roles(self) -> tuple[CollectiveRole, ...]:
+        graph, params, batch = self.view.graph, self.parameters, self.batch
+        if graph is None or params is None or batch is None:
+            return ()
+        return assign_roles(graph, params, batch, self.collectives)
+
+    @cached_property
+    def _roles_by_name(self) -> dict[tuple[str, str], CollectiveRole]:
+        return {(r.facts.computation, r.facts.instruction): r for r in self.roles}
+
+    def role_of(self, computation: str, instruction: str) -> CollectiveRole | None:
+        """The role of the collective named ``instruction`` (its start op for an async pair)."""
+        return self._roles_by_name.get((computation, instruction))
+
+    @cached_property
+    def batch_split_axes(self) -> frozenset[str]:
+        """Mesh axes that split the batch dim (dim 0) of a data input."""
+        mesh, params, module = self.view.mesh, self.parameters, self.view.per_device
+        if mesh is None or params is None or module is None or module.entry is None or mesh.is_inferred:
+            return frozenset()
+        found: set[str] = set()
+        for param in module.entry.parameters():
+            if param.parameter_number not in params.data or param.sharding is None or param.shape.is_tuple:
+                continue
+            try:
+                per_dim = dim_axes(param.sharding, param.shape.rank, mesh)
+            except (ValueError, KeyError):
+                continue
+            if per_dim:
+                found.update(a.split(":(")[0] for a in per_dim[0])
+        return frozenset(found)
+
+    @cached_property
+    def gradient_axes(self) -> frozenset[str]:
+        """Mesh axes over which gradients are reduced."""
+        found: set[str] = set()
+        for role in self.roles:
+            if role.role == "gradient-reduce" and role.facts.op.mesh_axes:
+                found.update(a.split(":(")[0] for a in role.facts.op.mesh_axes)
+        return frozenset(found)
+
+    @cached_property
+    def data_parallel_axes(self) -> frozenset[str]:
+        """The axes that split the batch or over which gradients are reduced."""
+        return self.batch_split_axes | self.gradient_axes
+
+    @cached_property
+    def gradient_groups(self) -> frozenset[tuple[tuple[int, ...], ...]]:
+        """The device groups of gradient reductions, for modules whose mesh is not known."""
+        return frozenset(tuple(sorted(tuple(sorted(g)) for g in r.facts.op.logical_groups))
+                         for r in self.roles if r.role == "gradient-reduce")
+
+    def is_data_parallel(self, role: CollectiveRole) -> bool:
+        """Whether a collective runs over data-parallel axes only (or the groups of a gradient reduction)."""
+        axes = role.facts.op.mesh_axes
+        if axes:
+            return {a.split(":(")[0] for a in axes} <= self.data_parallel_axes
+        groups = tuple(sorted(tuple(sorted(g)) for g in role.facts.op.logical_groups))
+        return groups in self.gradient_groups
+
+    def cost(self, hardware):  # noqa: ANN001, ANN201 - see hlo_doctor.semantics.cost
+        from hlo_doctor.semantics.cost import CostModel
+
+        return CostModel(self, hardware)

@@ -1,0 +1,136 @@
+"""What each entry parameter of a module is: a weight (model or optimizer state), data, or a scalar.
+
+Decided from what the program does with it, never from its name:
+
+* **scalar**: one element (a learning rate, a step count, a Python scalar
+  torch_xla passes as ``f32[]``);
+* **state**: a value the step returns updated. torch_xla's ``buffer_donor``
+  entries (exactly the weights and optimizer state of a training step), the
+  parameters aliased to an output (``input_output_alias``: donated JAX
+  arguments), and parameters that reach an output of their own shape
+  through elementwise ops only (``w - lr * g``: an update) and are not data;
+* **data**: integer arrays (tokens, labels, masks), every non-state array of
+  a torch_xla step, and arrays whose dim 0 reaches a layer's matmul as the
+  activation's free dim while the other operand does not derive from them
+  (see :mod:`hlo_doctor.semantics.batch_dims`): a residual ``x + f(x @ w)``
+  keeps ``x`` data;
+* **weight**: every other array (state included).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hlo_doctor.dump import Role
+from hlo_doctor.graph.dataflow import DataflowGraph
+from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors
+from hlo_doctor.semantics.view import ModuleView
+
+__all__ = ["EntryParameters", "classify_parameters", "is_integer"]
+
+_ALIAS = re.compile(r"\}\s*:\s*\(\s*(\d+)\s*,")
+# Ops through which an updated weight keeps its identity (an optimizer's elementwise update).
+_UPDATE_OPS = frozenset({
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "select", "convert", "copy", "bitcast",
+    "reshape", "negate", "sqrt", "rsqrt", "clamp", "fusion", "dynamic-update-slice", "power", "abs", "sign",
+})
+
+
+def is_integer(element_type: str) -> bool:
+    """Integer and boolean element types: indices, labels, masks, counts."""
+    return element_type == "pred" or element_type[:1] in ("s", "u")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryParameters:
+    """Entry parameter numbers by what they are (see the module docstring)."""
+
+    weights: frozenset[int]
+    data: frozenset[int]
+    scalars: frozenset[int]
+    state: frozenset[int]
+    names: dict[int, str]
+
+    def kind(self, number: int) -> str:
+        if number in self.scalars:
+            return "scalar"
+        if number in self.data:
+            return "data"
+        return "weight"
+
+
+def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGraph) -> EntryParameters:
+    """The entry parameters of the per-device ``module`` by what they are."""
+    entry = module.entry
+    params = [p for p in entry.parameters() if p.parameter_number is not None] if entry is not None else []
+    scalars = frozenset(p.parameter_number for p in params if p.shape.is_tuple is False and p.shape.num_elements <= 1)
+    donors = buffer_donors(view)
+    state = (set(donors) | _aliased(view)) - scalars
+    arrays = [p for p in params if p.parameter_number not in scalars and not p.shape.is_tuple]
+    data: set[int] = set()
+    for param in arrays:
+        number = param.parameter_number
+        if number in state:
+            continue
+        if is_integer(param.shape.element_type) or donors:
+            data.add(number)
+    if not donors:
+        batch = analyze_batch(view, module, graph, per_device=True, require_sharded=False,
+                              exclude=frozenset(state) | frozenset(data))
+        data |= set(batch.matmul_inputs)
+        # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
+        state |= _updated(module, graph, params) - data - scalars
+    names = {p.parameter_number: _name(p) for p in params}
+    weights = frozenset(p.parameter_number for p in arrays) - data
+    return EntryParameters(weights, frozenset(data), scalars, frozenset(state), names)
+
+
+def _name(param: Instruction) -> str:
+    metadata = param.metadata
+    if metadata is not None and metadata.op_name:
+        return metadata.op_name
+    return param.name
+
+
+def _aliased(view: ModuleView) -> set[int]:
+    for role in (Role.AFTER_PARTITIONING, Role.AFTER_OPTIMIZATIONS, Role.AFTER_PROPAGATION):
+        snapshot = view.module.snapshot(role)
+        text = snapshot.header_attribute("input_output_alias") if snapshot is not None else None
+        if text:
+            return {int(x) for x in _ALIAS.findall(text)}
+    return set()
+
+
+def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction]) -> set[int]:
+    """Parameters that reach an output of their own shape through elementwise update ops only."""
+    entry = module.entry
+    root = entry.root if entry is not None else None
+    if root is None:
+        return set()
+    by_name = {p.name: p for p in params}
+    outputs = [entry.get(n) for n in root.operands] if root.opcode == "tuple" else [root]
+    found: set[int] = set()
+    for output in outputs:
+        if output is None or output.shape.is_tuple:
+            continue
+        stack, seen = [output], set()
+        while stack:
+            current = stack.pop()
+            if current.name in seen or len(seen) > 64:
+                continue
+            seen.add(current.name)
+            param = by_name.get(current.name)
+            if param is not None:
+                if param.shape.dims == output.shape.dims and current is not output:
+                    found.add(param.parameter_number)
+                continue
+            if current.opcode not in _UPDATE_OPS:
+                continue
+            for name in current.operands:
+                operand = entry.get(name)
+                if operand is not None and not operand.shape.is_tuple and (
+                        operand.shape.dims == output.shape.dims or operand.shape.rank == 0):
+                    stack.append(operand)
+    return found

@@ -1,0 +1,371 @@
+"""What each collective is for, decided from where its operand comes from in the dataflow.
+
+Every collective (and every operand of a combined one) gets one role:
+
+``weight-gather``
+    an all-gather of a value derived from weights only (FSDP's gathers).
+``gradient-reduce``
+    an all-reduce / reduce-scatter of a value derived from the batch whose
+    batch dim has been contracted away (by the weight-gradient matmul).
+``activation-reduce``
+    an all-reduce / reduce-scatter of a value that still carries the batch
+    dim: a tensor-parallel partial sum.
+``activation-gather``
+    an all-gather of a value that carries the batch dim.
+``reshard``
+    a collective-permute or all-to-all that moves a value between two
+    shardings, or an all-gather that is sliced again (XLA's involuntary full
+    rematerialization).
+``expert-dispatch``
+    an all-to-all next to a matmul whose batch dim pairs tokens with the
+    expert-sharded weights (MoE), and every ragged-all-to-all.
+``pipeline-send``
+    a collective-permute inside a loop body whose operand was computed by a
+    layer's matmul and whose result is carried into the next iteration.
+``scalar-reduce``
+    a reduction of a value of at most a few elements (loss, metrics, norms).
+``index-gather``
+    integer or boolean data: labels, masks, token ids.
+``other``
+    anything else (a permute whose pairs are all self-pairs, a broadcast).
+
+Which entry parameters are weights or data is decided by
+:mod:`hlo_doctor.semantics.parameters`, and which dims carry the batch by
+:mod:`hlo_doctor.semantics.batch_dims`; names are never read to decide.
+The phase (``forward``, ``backward``, ``optimizer``, ``unknown``) comes from
+the dataflow too: collectives downstream of a gradient reduction are the
+optimizer's, ancestors of the step's scalar loss the forward pass's, the
+rest of a training step the backward pass's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey
+from hlo_doctor.graph.dots import dot_dims
+from hlo_doctor.semantics.batch_dims import BatchAnalysis
+from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts
+from hlo_doctor.semantics.parameters import EntryParameters, is_integer
+
+__all__ = [
+    "ACTIVATION_ROLES",
+    "ROLES",
+    "CollectiveRole",
+    "OperandRole",
+    "assign_roles",
+]
+
+ROLES = (
+    "weight-gather", "gradient-reduce", "activation-reduce", "activation-gather", "reshard",
+    "expert-dispatch", "pipeline-send", "scalar-reduce", "index-gather", "other",
+)
+ACTIVATION_ROLES = frozenset({"activation-reduce", "activation-gather"})
+PHASES = ("forward", "backward", "optimizer", "unknown")
+
+# A reduction of at most this many elements is a loss, metric or norm.
+SCALAR_ELEMENTS = 64
+_REDUCING = frozenset({"all-reduce", "reduce-scatter"})
+_DOTS = frozenset({"dot", "convolution"})
+# How far the neighbourhood searches (expert matmuls, pipeline stages, gradient targets) look.
+_HOPS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class OperandRole:
+    """The role of one operand of a collective, and why."""
+
+    role: str
+    parameters: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRole:
+    """A collective's role (that of its largest operand), phase, parameters and reason."""
+
+    facts: CollectiveFacts
+    role: str
+    phase: str
+    parameters: tuple[int, ...]
+    reason: str
+    operands: tuple[OperandRole, ...]
+
+    @property
+    def instruction(self) -> str:
+        return self.facts.instruction
+
+
+class _Judge:
+    """Role decisions for the collectives of one module."""
+
+    def __init__(self, graph: DataflowGraph, params: EntryParameters, batch: BatchAnalysis) -> None:
+        self.graph = graph
+        self.params = params
+        self.batch = batch
+
+    # -- facts about a value ------------------------------------------------
+    def derived(self, key: NodeKey) -> frozenset[int]:
+        node = self.graph.id_of(key)
+        if node is None:
+            return frozenset()
+        bits = self.graph.parameter_bits(node)
+        return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
+
+    def names(self, numbers) -> str:
+        return ", ".join(self.params.names.get(n, f"parameter {n}") for n in sorted(numbers)[:4]) + (
+            ", ..." if len(numbers) > 4 else "")
+
+    # -- one operand ----------------------------------------------------------
+    def operand_role(self, facts: CollectiveFacts, operand: OperandFacts) -> OperandRole:
+        kind = facts.effective_kind
+        shape = operand.shape
+        derived = self.derived(operand.key)
+        data = derived & self.params.data
+        weights = derived & self.params.weights
+        batch_dims = self.batch.batch_dims(operand.key) if data else {}
+        if facts.self_only:
+            return OperandRole("other", tuple(sorted(derived)), "every device sends only to itself: no traffic")
+        if kind == "collective-broadcast":
+            return OperandRole("other", tuple(sorted(derived)), "a broadcast from one device")
+        if is_integer(shape.element_type):
+            if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS:
+                return OperandRole("scalar-reduce", tuple(sorted(data)),
+                                   f"operand is {shape}: a count or flag")
+            return OperandRole("index-gather", tuple(sorted(data or derived)),
+                               f"operand is {shape}: integer or boolean data (indices, labels, masks)")
+        if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS and not batch_dims:
+            return OperandRole("scalar-reduce", tuple(sorted(derived)),
+                               f"operand is {shape}, {shape.num_elements} element(s): a loss, metric or norm")
+        if kind == "ragged-all-to-all":
+            return OperandRole("expert-dispatch", tuple(sorted(data)), "a ragged all-to-all routes tokens by count")
+        if kind == "all-to-all":
+            expert = self.expert_matmul(facts, operand)
+            if expert is not None:
+                return OperandRole("expert-dispatch", tuple(sorted(data or derived)),
+                                   f"{expert} pairs the moved tokens with expert weights on its batch dim")
+            return OperandRole("reshard", tuple(sorted(derived)),
+                               "an all-to-all that moves the sharded dim of a value: a reshard")
+        if kind == "collective-permute":
+            stage = self.pipeline_stage(facts, operand) if data else None
+            if stage is not None:
+                return OperandRole("pipeline-send", tuple(sorted(data)),
+                                   f"the output of {stage} is sent to the next device and carried into the "
+                                   "next loop iteration: a pipeline stage's activation")
+            return OperandRole("reshard", tuple(sorted(derived)),
+                               "a collective-permute that moves a value between devices: a reshard")
+        if kind == "all-gather":
+            if facts.rematerialized:
+                return OperandRole("reshard", tuple(sorted(derived)),
+                                   f"gathered and sliced again by {facts.sliced_by}: a reshard between two "
+                                   "shardings (involuntary full rematerialization)")
+            if not data:
+                what = self.names(weights) if weights else "constants"
+                return OperandRole("weight-gather", tuple(sorted(weights)),
+                                   f"operand derives only from the weights {what}")
+            if batch_dims:
+                dim, param = next(iter(sorted(batch_dims.items())))
+                return OperandRole("activation-gather", tuple(sorted(data)),
+                                   f"operand carries dim {dim} of the batch input {self.names([param])}: an activation")
+            if weights:
+                return OperandRole("weight-gather", tuple(sorted(weights)),
+                                   f"operand is weight-shaped, computed from the weights {self.names(weights)} and "
+                                   "the batch with its batch dim reduced (an updated weight or a gradient)")
+            return OperandRole("activation-gather", tuple(sorted(data)),
+                               f"operand derives from the data {self.names(data)}")
+        if kind in _REDUCING:
+            if not data:
+                return OperandRole("other", tuple(sorted(weights)),
+                                   f"a reduction of values derived from the weights {self.names(weights)} only")
+            if batch_dims:
+                dim, param = next(iter(sorted(batch_dims.items())))
+                return OperandRole("activation-reduce", tuple(sorted(data)),
+                                   f"operand carries dim {dim} of the batch input {self.names([param])}: partial "
+                                   "sums of an activation (tensor parallelism)")
+            target = self.gradient_target(facts, operand)
+            source = self.contracting_dot(operand.key)
+            by = f" (by {source})" if source else ""
+            of = f": the gradient of {self.names([target])}" if target is not None else ": a weight gradient"
+            return OperandRole("gradient-reduce", (target,) if target is not None else tuple(sorted(data)),
+                               f"operand derives from the batch {self.names(data)} with its batch dim "
+                               f"contracted{by}{of}")
+        return OperandRole("other", tuple(sorted(derived)), f"a {kind}")
+
+    # -- neighbourhoods -------------------------------------------------------
+    def _walk(self, start: NodeKey, *, forward: bool, limit: int = _HOPS):
+        """Nodes within ``limit`` hops of ``start``, breadth first, with their hop count."""
+        graph = self.graph
+        first = graph.id_of(start)
+        if first is None:
+            return
+        seen = {first}
+        queue = deque([(first, 0)])
+        while queue:
+            node, hops = queue.popleft()
+            yield node, hops
+            if hops >= limit:
+                continue
+            nexts = graph.targets_of(node) if forward else graph.sources_of(node)
+            for other in nexts:
+                if other not in seen and other != NO_NODE:
+                    seen.add(other)
+                    queue.append((other, hops + 1))
+
+    def _weight_only(self, node: int) -> bool:
+        bits = self.graph.parameter_bits(node)
+        return bits != 0 and not any(bits >> p & 1 for p in self.params.data)
+
+    def expert_matmul(self, facts: CollectiveFacts, operand: OperandFacts) -> str | None:
+        """A nearby matmul with a batch dim whose other operand is a weight: an expert layer."""
+        graph = self.graph
+        at = graph.instruction_at
+        for start, forward in ((facts.result_key, True), (operand.key, False)):
+            for node, _ in self._walk(start, forward=forward, limit=8):
+                instruction = at[node]
+                if instruction.opcode != "dot" or len(instruction.operands) < 2:
+                    continue
+                if not (instruction.attribute("lhs_batch_dims") or "").strip("{} "):
+                    continue
+                sides = graph.operand_ids[node][:2]
+                if any(s != NO_NODE and self._weight_only(s) for s in sides):
+                    return instruction.name
+        return None
+
+    def pipeline_stage(self, facts: CollectiveFacts, operand: OperandFacts) -> str | None:
+        """The matmul that computed a permuted value carried into the next loop iteration, if any."""
+        graph = self.graph
+        at = graph.instruction_at
+        carried = False
+        for node, _ in self._walk(facts.result_key, forward=True, limit=4):
+            for _, kind in graph.calls_out_of.get(node, ()):
+                if kind == "loop_carried":
+                    carried = True
+            if carried:
+                break
+        if not carried:
+            return None
+        for node, _ in self._walk(operand.key, forward=False):
+            instruction = at[node]
+            if instruction.opcode in _DOTS and len(instruction.operands) >= 2:
+                sides = graph.operand_ids[node][:2]
+                if any(s != NO_NODE and self._weight_only(s) for s in sides):
+                    return instruction.name
+        return None
+
+    def contracting_dot(self, key: NodeKey) -> str | None:
+        """The nearest matmul upstream of ``key`` that contracts the batch dim of an operand."""
+        graph = self.graph
+        at = graph.instruction_at
+        for node, _ in self._walk(key, forward=False, limit=8):
+            instruction = at[node]
+            if instruction.opcode not in _DOTS or len(instruction.operands) < 2:
+                continue
+            sides = graph.operand_ids[node][:2]
+            if NO_NODE in sides:
+                continue
+            try:
+                roles = dot_dims(instruction, at[sides[0]].shape.rank, at[sides[1]].shape.rank)
+            except (ValueError, KeyError, IndexError):
+                continue
+            for side, operand in enumerate(sides):
+                dims = self.batch.batch_dims(graph.keys[operand])
+                if any(d < len(roles.roles[side]) and roles.role(side, d).role == "contracting" for d in dims):
+                    return instruction.name
+        return None
+
+    def gradient_target(self, facts: CollectiveFacts, operand: OperandFacts) -> int | None:
+        """The weight a reduced gradient updates: the weight it meets downstream, else by shape."""
+        graph = self.graph
+        at = graph.instruction_at
+        weights = self.params.weights
+        for node, _ in self._walk(facts.result_key, forward=True):
+            for source in graph.sources_of(node):
+                if source == NO_NODE or at[source].opcode == "constant":
+                    continue
+                bits = graph.parameter_bits(source)
+                if bits and bits & (bits - 1) == 0:  # exactly one parameter
+                    number = bits.bit_length() - 1
+                    if number in weights and not self._batch_derived(node, number):
+                        return number
+        shape = at[graph.id_of(facts.result_key)].shape if graph.id_of(facts.result_key) is not None else None
+        entry = graph.module.entry
+        if shape is None or entry is None:
+            return None
+        matches = [p.parameter_number for p in entry.parameters()
+                   if p.parameter_number in weights and p.shape.dims == shape.dims]
+        return matches[0] if len(matches) == 1 else None
+
+    def _batch_derived(self, node: int, number: int) -> bool:
+        return False
+
+
+def assign_roles(
+    graph: DataflowGraph,
+    params: EntryParameters,
+    batch: BatchAnalysis,
+    collectives: tuple[CollectiveFacts, ...],
+) -> tuple[CollectiveRole, ...]:
+    """The role, phase, parameters and reason of every collective, in the order given."""
+    judge = _Judge(graph, params, batch)
+    judged = []
+    for facts in collectives:
+        operands = tuple(judge.operand_role(facts, operand) for operand in facts.operands)
+        if not operands:
+            operands = (OperandRole("other", (), "no array operand"),)
+        sizes = [o.bytes_in for o in facts.operands] or [0]
+        main = operands[max(range(len(operands)), key=lambda i: sizes[i] if i < len(sizes) else 0)]
+        judged.append((facts, main, operands))
+    phases = _phases(graph, params, judged)
+    return tuple(
+        CollectiveRole(facts, main.role, phase, main.parameters, main.reason, operands)
+        for (facts, main, operands), phase in zip(judged, phases)
+    )
+
+
+def _phases(graph: DataflowGraph, params: EntryParameters, judged) -> list[str]:
+    gradient_results = [graph.id_of(f.result_key) for f, main, _ in judged if main.role == "gradient-reduce"]
+    gradient_results = [n for n in gradient_results if n is not None]
+    optimizer = graph.reach_ids(gradient_results, forward=True) - set(gradient_results) if gradient_results else set()
+    losses = _loss_nodes(graph, params)
+    forward = graph.reach_ids(losses, forward=False) if losses else None
+    training = bool(gradient_results) or bool(params.state) or losses
+    out = []
+    for facts, main, _ in judged:
+        node = graph.id_of(facts.key)
+        op_name = facts.op.op_name or ""
+        if main.role == "gradient-reduce":
+            out.append("backward")
+        elif node is not None and node in optimizer:
+            out.append("optimizer")
+        elif forward is not None and node is not None:
+            out.append("forward" if node in forward else "backward")
+        elif "transpose(" in op_name:
+            out.append("backward")
+        elif not training:
+            out.append("forward")
+        else:
+            out.append("unknown")
+    return out
+
+
+def _loss_nodes(graph: DataflowGraph, params: EntryParameters) -> list[int]:
+    """The step's float scalar outputs derived from the data (its loss)."""
+    entry = graph.module.entry
+    root = entry.root if entry is not None else None
+    if root is None:
+        return []
+    names = root.operands if root.opcode == "tuple" else (root.name,)
+    local = graph.computation_ids(entry.name)
+    found = []
+    for name in names:
+        node = local.get(name)
+        if node is None:
+            continue
+        shape = graph.instruction_at[node].shape
+        if shape.is_tuple or shape.rank != 0 or is_integer(shape.element_type):
+            continue
+        bits = graph.parameter_bits(node)
+        if any(bits >> p & 1 for p in params.data):
+            found.append(node)
+    return found
