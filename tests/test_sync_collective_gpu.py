@@ -145,6 +145,7 @@ _TINY_FSDP = """
                                         dump_dir=f"{sys.argv[1]}/{label}", compiler_options=options)
         out[label] = [{"rule": f.rule, "instruction": f.instruction, "message": f.message,
                        "evidence": f.evidence} for f in report.findings]
+        out[label + "-skipped"] = {s.rule: s.reason for s in report.skipped}
     print(json.dumps(out, default=str))
 """
 
@@ -174,11 +175,11 @@ def test_analyze_jax_for_h100_2x8(tmp_path, mesh):
                                    {"process_index": 1, "device_ids": list(range(8, 16))}]
         assert list(record["device_assignments"].values()) == [list(range(16))]
         assert "is_scheduled=true" in _snapshot(folder).split("\n", 1)[0]
-        # communication-bound chose the H100 profile and the 8-device hosts by itself
-        [bound] = [f for f in out[label] if f["rule"] == "communication-bound"]
-        assert bound["evidence"]["hardware"] == "h100"
-        assert bound["evidence"]["devices_per_host"] == 8
-        assert bound["message"].startswith("on h100, ")
+        # communication-bound chose the H100 profile by itself, and judged the step too short to
+        # say (its matmuls take well under a microsecond: latency, not bandwidth, decides it)
+        assert [f for f in out[label] if f["rule"] == "communication-bound"] == []
+        reason = out[label + "-skipped"]["communication-bound"]
+        assert " on h100, under min-compute-seconds" in reason
 
     # default flags: XLA made the first all-gather synchronous itself; no warning
     assert _sync_starts(_snapshot(tmp_path / "dumps" / "default"))  # the premise

@@ -47,3 +47,8 @@ COLLECTIVE_OPCODES: frozenset[str] = frozenset(
 DEDICATED_ASYNC: frozenset[str] = frozenset(
     {"all-gather", "all-reduce", "collective-permute", "copy", "send", "recv"}
 )
+
+# Ops that end (or advance) an async pair.
+ASYNC_DONE_OPCODES: frozenset[str] = frozenset(
+    {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "async-update"}
+)

@@ -38,6 +38,7 @@ class HardwareProfile:
     peak_flops: tuple[tuple[str, float], ...] = ()
     platform: str = "gpu"
     inter_slice_bandwidth: float | None = None
+    memory_bandwidth: float | None = None  # HBM bytes/s per device
 
     def peak_for(self, element_type: str) -> float:
         """Dense peak FLOP/s for dots of ``element_type`` (bf16's when the profile has no figure)."""
@@ -62,6 +63,7 @@ class HardwareProfile:
                 platform=str(data.get("platform") or ("tpu" if str(data["name"]).startswith("tpu") else "gpu")),
                 inter_slice_bandwidth=(float(data["inter_slice_bandwidth"])
                                        if data.get("inter_slice_bandwidth") is not None else None),
+                memory_bandwidth=float(data["memory_bandwidth"]) if data.get("memory_bandwidth") else None,
             )
         except (TypeError, ValueError) as error:
             raise InputError(f"bad hardware profile: {error}", path=where) from None
@@ -104,3 +106,19 @@ def load_profile(name_or_path: str) -> HardwareProfile:
 def profile_names() -> list[str]:
     """Names of the bundled hardware profiles."""
     return sorted(bundled_profiles())
+
+
+# The compute capability in a GPU after-optimizations file name (``sm_9.0a_gpu``) -> bundled profile.
+_GPU_ARCHITECTURES = {"8.0": "a100", "9.0": "h100", "9.0a": "h100", "10.0": "b200", "10.0a": "b200"}
+
+
+def profile_for_backend(backend: str | None) -> HardwareProfile | None:
+    """The bundled profile of a GPU backend named like ``sm_9.0a_gpu`` / ``sm_90a_gpu``, else None."""
+    if not backend or not backend.startswith("sm_"):
+        return None
+    arch = backend[3:].removesuffix("_gpu")
+    if "." not in arch and len(arch) >= 2:  # sm_90a -> 9.0a, sm_100 -> 10.0
+        digits = arch.rstrip("abcdefghijklmnopqrstuvwxyz")
+        arch = f"{digits[:-1]}.{digits[-1]}{arch[len(digits):]}"
+    name = _GPU_ARCHITECTURES.get(arch)
+    return bundled_profiles().get(name) if name else None

@@ -21,14 +21,23 @@ Nothing here reads a name to decide; names only label.
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
+from hlo_doctor.dump import Role
+from hlo_doctor.graph.collectives import Collective, find_collectives
+from hlo_doctor.graph.dataflow import DataflowGraph, build_graph
 from hlo_doctor.graph.mesh import dim_axes
+from hlo_doctor.hlo.ir import HloModule
+from hlo_doctor.semantics.cost import CostModel
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts, collective_facts
 from hlo_doctor.semantics.execution import Executions, execution_counts
 from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
 from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles
 from hlo_doctor.semantics.view import ModuleView
+
+if TYPE_CHECKING:
+    from hlo_doctor.rules.hardware import HardwareProfile
 
 __all__ = [
     "ACTIVATION_ROLES",
@@ -46,8 +55,10 @@ __all__ = [
 class ModuleSemantics:
     """The analysis layer's facts about one module (per-device snapshot), each made on first use."""
 
-    def __init__(self, view: ModuleView) -> None:
+    def __init__(self, view: ModuleView, parameters: EntryParameters | None = None) -> None:
         self.view = view
+        if parameters is not None:  # entry parameters keep their numbers across snapshots
+            self.__dict__["parameters"] = parameters
 
     @cached_property
     def executions(self) -> dict[str, Executions]:
@@ -137,7 +148,44 @@ class ModuleSemantics:
         groups = tuple(sorted(tuple(sorted(g)) for g in role.facts.op.logical_groups))
         return groups in self.gradient_groups
 
-    def cost(self, hardware):  # noqa: ANN001, ANN201 - see hlo_doctor.semantics.cost
-        from hlo_doctor.semantics.cost import CostModel
-
+    def cost(self, hardware: HardwareProfile) -> CostModel:
+        """The cost model of this module on ``hardware``."""
         return CostModel(self, hardware)
+
+    @cached_property
+    def scheduled(self) -> ModuleSemantics | None:
+        """The same analysis over the scheduled after-optimizations module (GPU, TPU), if there is one.
+
+        Overlap is read from its schedule; the partitioned snapshot has none.
+        """
+        snapshot = self.view.module.snapshot(Role.AFTER_OPTIMIZATIONS)
+        module = snapshot.try_module() if snapshot is not None else None
+        if module is None or (module.attribute("is_scheduled") or "").strip() != "true":
+            return None
+        if module is self.view.per_device:
+            return self
+        return ModuleSemantics(_SnapshotView(self.view, module), self.parameters)
+
+
+class _SnapshotView:
+    """A :class:`ModuleView` over another per-device snapshot of the same module."""
+
+    def __init__(self, base: ModuleView, module: HloModule) -> None:
+        self.dump = base.dump
+        self.module = base.module
+        self.options = base.options
+        self._base = base
+        self.per_device = module
+        self.sharded = base.sharded
+        self.framework = base.framework
+        self.mesh = base.mesh
+        self.device_map = base.device_map
+        self.num_partitions = base.num_partitions
+
+    @cached_property
+    def graph(self) -> DataflowGraph:
+        return build_graph(self.per_device)
+
+    @cached_property
+    def collectives(self) -> tuple[Collective, ...]:
+        return tuple(find_collectives(self.per_device, self.device_map, self.mesh))

@@ -26,9 +26,10 @@ from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.graph.dataflow import DataflowGraph, NodeKey
 from hlo_doctor.graph.devices import DeviceMap
 from hlo_doctor.hlo.ir import HloModule, Instruction, Shape
+from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 from hlo_doctor.semantics.execution import Executions
 
-__all__ = ["CollectiveFacts", "OperandFacts", "collective_facts"]
+__all__ = ["CollectiveFacts", "OperandFacts", "collective_facts", "collective_kind"]
 
 # Ops a value passes through unchanged in content on its way to a slice.
 _PASS_THROUGH = frozenset({"bitcast", "reshape", "copy", "convert"})
@@ -196,3 +197,23 @@ def _operands(op: Collective, start: Instruction, computation) -> tuple[OperandF
                      out_total if len(found) == 1 else out_total * shape.byte_size // total_in)
         for index, name, shape in found
     )
+
+
+def collective_kind(instruction: Instruction, module: HloModule | None = None) -> str | None:
+    """all-gather, all-reduce, ... for a collective or the start of one; None otherwise (and for a done)."""
+    opcode = instruction.opcode
+    if opcode in COLLECTIVE_OPCODES:
+        return opcode
+    if opcode.endswith("-start") and opcode[: -len("-start")] in COLLECTIVE_OPCODES:
+        return opcode[: -len("-start")]
+    if opcode == "async-start":
+        printed = instruction.printed_opcode or ""
+        if printed.endswith("-start") and printed[: -len("-start")] in COLLECTIVE_OPCODES:
+            return printed[: -len("-start")]
+        if module is not None:
+            for name in instruction.called_computations:
+                called = module.computation(name)
+                root = called.root if called is not None else None
+                if root is not None and root.opcode in COLLECTIVE_OPCODES:
+                    return root.opcode
+    return None

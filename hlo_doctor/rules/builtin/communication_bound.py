@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
-from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles
+from hlo_doctor.rules.hardware import profile_for_backend
 from hlo_doctor.units import format_bytes
 
-# after-optimizations backend prefix -> bundled profile
-_BACKENDS = {"sm_9.0a_gpu": "h100", "sm_90a_gpu": "h100", "sm_9.0_gpu": "h100", "sm_8.0_gpu": "a100"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +18,8 @@ class CommunicationBoundOptions:
     """Fire when the estimated fraction of the step spent communicating is at least this."""
     min_collective_bytes: int = 0
     """Ignore modules whose collectives move fewer bytes per device per step than this."""
+    min_compute_seconds: float = 1e-4
+    """Do not judge steps whose matmuls take less than this (estimated): latency decides those."""
 
 
 class CommunicationBound(Rule):
@@ -81,54 +81,52 @@ class CommunicationBound(Rule):
     Options = CommunicationBoundOptions
 
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
-        hardware = ctx.options.hardware or _profile_for_backend(ctx.backend)
+        hardware = ctx.options.hardware or profile_for_backend(ctx.backend)
         if hardware is None:
             raise RuleSkipped("no hardware profile: pass --hardware (h100, a100, tpu-v4, tpu-v5e or a JSON file)")
         if ctx.per_device is None:
             raise RuleSkipped("no partitioned or after-optimizations snapshot")
-        collectives = ctx.collectives
-        if not collectives:
+        semantics = ctx.semantics.scheduled or ctx.semantics
+        roles = [r for r in semantics.roles if r.facts.talking_groups]
+        if not roles:
             return
-        devices_per_host = ctx.devices_per_host or hardware.devices_per_host
-        costs = []
-        total_bytes = 0.0
-        inter_bytes = 0.0
-        for op in collectives:
-            crosses = op.crosses_hosts
-            if crosses is None:
-                groups = op.physical_groups or op.logical_groups
-                crosses = any(len({d // devices_per_host for d in g}) > 1 for g in groups)
-            bandwidth = hardware.inter_host_bandwidth if crosses else hardware.intra_host_bandwidth
-            sent = op.wire_bytes_per_device * ctx.executions.get(op.computation, 1)
-            total_bytes += sent
-            inter_bytes += sent if crosses else 0.0
-            costs.append((sent / bandwidth, op))
+        cost = semantics.cost(hardware)
+        step = cost.step()
+        total_bytes = sum(r.facts.wire_bytes_per_step for r in roles)
         if total_bytes < self.options.min_collective_bytes:
             return
-        comm = sum(t for t, _ in costs)
-        flops = ctx.dot_flops
-        compute = flops / hardware.peak_bf16_flops
-        if comm <= 0:
+        if step.compute_seconds < self.options.min_compute_seconds:
+            raise RuleSkipped(
+                f"the step's matmuls take an estimated {_us(step.compute_seconds)} on {hardware.name}, "
+                f"under min-compute-seconds ({_us(self.options.min_compute_seconds)}): launch and latency "
+                "costs, which the bandwidth model leaves out, decide a step this short"
+            )
+        fraction = step.communication_fraction
+        if step.exposed_communication_seconds <= 0 or fraction < self.options.threshold:
             return
-        fraction = comm / (comm + compute)
-        if fraction < self.options.threshold:
-            return
-        costs.sort(key=lambda c: -c[0])
-        top_time, top = costs[0]
-        intensity = flops / total_bytes if total_bytes else 0.0
-        machine = hardware.peak_bf16_flops / hardware.intra_host_bandwidth
+        timed = sorted(((cost.collective_seconds(r.facts) * r.facts.executions.count, r) for r in roles),
+                       key=lambda c: -c[0])
+        top_time, top = timed[0]
+        inter = sum(r.facts.wire_bytes_per_step for r in roles if r.facts.crosses_slow_boundary)
+        intensity = step.flops / total_bytes if total_bytes else 0.0
+        by_role = ", ".join(f"{role} {_us(seconds)}" for role, seconds in
+                            sorted(step.by_role.items(), key=lambda kv: -kv[1]) if seconds > 0)
+        hidden = step.communication_seconds - step.exposed_communication_seconds
         message = (
-            f"on {hardware.name}, collectives take an estimated {fraction:.0%} of the step: "
-            f"{_us(comm)} to send {format_bytes(total_bytes)} per device in {len(collectives)} collectives vs "
-            f"{_us(compute)} for {flops / 1e9:.3g} GFLOP of matmuls ({intensity:.0f} FLOP per byte sent; "
-            f"the hardware needs about {machine:.0f}); the largest is {top.kind} {top.instruction} ({_us(top_time)})"
+            f"on {hardware.name}, communication that nothing overlaps takes an estimated {fraction:.0%} of the "
+            f"step: {_us(step.exposed_communication_seconds)} exposed of {_us(step.communication_seconds)} to "
+            f"send {format_bytes(total_bytes)} per device in {len(roles)} collectives ({by_role}; "
+            f"{_us(hidden)} overlaps compute), against {_us(step.compute_seconds)} for "
+            f"{step.flops / 1e9:.3g} GFLOP of matmuls ({intensity:.0f} FLOP per byte sent; the hardware needs "
+            f"about {cost.machine_balance:.0f}); the largest is the {top.role} {top.facts.kind} "
+            f"{top.facts.instruction} ({_us(top_time)})"
         )
-        return_value = self.finding(
+        yield self.finding(
             ctx,
             message,
-            instruction=ctx.instruction(top.computation, top.instruction),
-            name=top.instruction,
-            related=tuple(op.instruction for _, op in costs[1:6]),
+            instruction=_instruction(semantics, top),
+            name=top.facts.instruction,
+            related=tuple(r.facts.instruction for _, r in timed[1:6]),
             suggestion=Suggestion(
                 summary=("Do more work per byte sent: a larger per-device batch, fewer FSDP shards (FSDP inside a "
                          "host, replicas across hosts), tensor parallelism only inside a host."),
@@ -138,24 +136,24 @@ class CommunicationBound(Rule):
             evidence={
                 "hardware": hardware.name,
                 "communication_fraction": round(fraction, 4),
-                "communication_seconds": comm,
-                "compute_seconds": compute,
-                "dot_flops": flops,
+                "communication_seconds": step.communication_seconds,
+                "exposed_communication_seconds": step.exposed_communication_seconds,
+                "compute_seconds": step.compute_seconds,
+                "dot_flops": step.flops,
                 "collective_bytes_sent": total_bytes,
-                "inter_host_bytes_sent": inter_bytes,
-                "collectives": len(collectives),
+                "inter_host_bytes_sent": inter,
+                "collectives": len(roles),
+                "seconds_by_role": {k: v for k, v in step.by_role.items()},
                 "flops_per_byte": round(intensity, 2),
-                "devices_per_host": devices_per_host,
+                "slow_boundary": ctx.device_map.slow_boundary,
             },
         )
-        yield return_value
 
 
-def _profile_for_backend(backend: str | None) -> HardwareProfile | None:
-    if not backend:
-        return None
-    name = _BACKENDS.get(backend)
-    return bundled_profiles().get(name) if name else None
+def _instruction(semantics, role):  # noqa: ANN001, ANN202
+    module = semantics.view.per_device
+    computation = module.computation(role.facts.computation) if module is not None else None
+    return computation.get(role.facts.instruction) if computation is not None else None
 
 
 def _us(seconds: float) -> str:

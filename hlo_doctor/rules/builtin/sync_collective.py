@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
-from hlo_doctor.rules._analyses import (
-    backend_config_json,
-    collective_kind,
-    instruction_flops,
-)
+from hlo_doctor.hlo.opcodes import ASYNC_DONE_OPCODES
+from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles, profile_for_backend
+from hlo_doctor.semantics.collective_model import collective_kind
+from hlo_doctor.semantics.cost import matmul_flops
+from hlo_doctor.semantics.execution import backend_config_json
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 
@@ -23,7 +23,6 @@ _NOT_COMPUTE = frozenset({
     # layout and data movement, usually fused into their users: too little work to hide a collective
     "broadcast", "reshape", "convert", "bitcast-convert", "slice", "transpose", "copy", "pad", "concatenate",
 })
-_DONE = ("all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "async-update")
 
 # Every overlap-killing debug option: (flag, the value that turns overlap off (None: any
 # non-empty value), what it does, the collective kinds it affects (None: every kind)).
@@ -61,9 +60,6 @@ _HEAVY = frozenset({"dot", "convolution", "while", "conditional", "call", "fft",
                     "cholesky", "sort", "reduce-window", "select-and-scatter"})
 _HEAVY_CUSTOM_CALLS = ("gemm", "cublas", "cudnn", "matmul", "conv")
 _LOOPS = frozenset({"while", "conditional", "call"})
-# A matmul's work in bytes written: FLOPs over the FLOP per HBM byte of a GPU (H100: about
-# 989 TFLOP/s bf16 over 3.35 TB/s), so FLOPs and elementwise bytes compare.
-_FLOPS_PER_BYTE = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +68,7 @@ class SyncCollectiveOptions:
     """Only flag a collective when at least this many independent compute ops could have overlapped it."""
     min_work_fraction: float = 0.25
     """The independent compute must do at least this fraction of the collective's bytes in work
-    (bytes written; a matmul's FLOPs / 300) to count as enough to hide it."""
+    (bytes written; a matmul's FLOPs over the device's FLOP per byte of memory bandwidth) to count as enough to hide it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +101,7 @@ class _Pair:
     independent: tuple[Instruction, ...]  # compute that neither feeds it nor uses its result
     hideable: tuple[Instruction, ...]  # the part of it that is real work (not constants)
     enough_work: bool  # the independent compute could hide the collective
-    work_bytes: float  # the work of the independent compute, in bytes (matmuls: FLOPs / 300)
+    work_bytes: float  # the work of the independent compute, in bytes (matmuls: FLOPs over the FLOP per memory byte)
     collective_bytes: int
 
 
@@ -199,7 +195,7 @@ class SyncCollective(Rule):
         if (module.attribute("is_scheduled") or "").lower() != "true":
             raise RuleSkipped("the after-optimizations module is not scheduled (is_scheduled=true missing)")
         flags = _overlap_flags(ctx.debug_options)
-        heavy = _HeavyOps(module)
+        heavy = _HeavyOps(module, _work_balance(ctx.options.hardware or profile_for_backend(ctx.backend)))
         by_flag: list[_Pair] = []
         for computation in module.computations:
             for index, instruction in enumerate(computation.instructions):
@@ -382,7 +378,7 @@ def _done_index(order: tuple[Instruction, ...], index: int, start: Instruction) 
     current = start.name
     for j in range(index + 1, len(order)):
         candidate = order[j]
-        if current in candidate.operands and candidate.opcode in _DONE:
+        if current in candidate.operands and candidate.opcode in ASYNC_DONE_OPCODES:
             if candidate.opcode == "async-update":
                 current = candidate.name
                 continue
@@ -410,8 +406,9 @@ def _collective_bytes(computation: Computation, start: Instruction, done: Instru
 class _HeavyOps:
     """Which ops are heavy (matmuls, loops, ...) and which only compute constants."""
 
-    def __init__(self, module: HloModule) -> None:
+    def __init__(self, module: HloModule, flops_per_byte: float) -> None:
         self.module = module
+        self.flops_per_byte = flops_per_byte
         self._heavy_computation: dict[str, bool] = {}
         self._constant: dict[tuple[str, str], bool] = {}
         self._flops: dict[str, float] = {}
@@ -434,12 +431,12 @@ class _HeavyOps:
             return float("inf")
         written = float(instruction.shape.byte_size)
         if opcode in ("dot", "convolution"):
-            return max(written, instruction_flops(instruction, computation) / _FLOPS_PER_BYTE)
+            return max(written, matmul_flops(instruction, computation) / self.flops_per_byte)
         if opcode == "custom-call" and self.is_heavy(instruction):
-            return max(written, _matmul_flops(instruction, computation) / _FLOPS_PER_BYTE)
+            return max(written, matmul_flops(instruction, computation) / self.flops_per_byte)
         if opcode == "fusion":
             flops = sum(self._computation_flops(name) for name in instruction.called_computations)
-            return max(written, flops / _FLOPS_PER_BYTE)
+            return max(written, flops / self.flops_per_byte)
         return written
 
     def _computation_flops(self, name: str) -> float:
@@ -450,10 +447,8 @@ class _HeavyOps:
         computation = self.module.computation(name)
         total = 0.0
         for inner in computation.instructions if computation is not None else ():
-            if inner.opcode in ("dot", "convolution"):
-                total += instruction_flops(inner, computation)
-            elif inner.opcode == "custom-call" and self.is_heavy(inner):
-                total += _matmul_flops(inner, computation)
+            if inner.opcode in ("dot", "convolution") or (inner.opcode == "custom-call" and self.is_heavy(inner)):
+                total += matmul_flops(inner, computation)
             elif inner.opcode == "fusion":
                 total += sum(self._computation_flops(n) for n in inner.called_computations)
         self._flops[name] = total
@@ -491,16 +486,11 @@ class _HeavyOps:
         return result
 
 
-def _matmul_flops(instruction: Instruction, computation: Computation) -> float:
-    """A library matmul's FLOPs from its shapes: 2 * sqrt(|A| |B| |C|) = 2 * batch * m * n * k."""
-    operands = [computation.get(name) for name in instruction.operands[:2]]
-    if len(operands) < 2 or any(o is None or o.shape.is_tuple for o in operands):
-        return 0.0
-    result = next(instruction.shape.leaves(), None)
-    if result is None:
-        return 0.0
-    a, b = (o.shape.num_elements for o in operands)  # type: ignore[union-attr]
-    return 2.0 * math.sqrt(float(a) * b * result.num_elements)
+def _work_balance(hardware: HardwareProfile | None) -> float:
+    """FLOPs worth one byte of memory traffic on ``hardware`` (H100's when the device is not known)."""
+    profile = hardware or bundled_profiles()["h100"]
+    memory = profile.memory_bandwidth or bundled_profiles()["h100"].memory_bandwidth or 1.0
+    return profile.peak_bf16_flops / memory
 
 
 def _independent_compute(computation: Computation, start_index: int, done_index: int) -> list[Instruction]:
