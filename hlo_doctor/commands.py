@@ -18,6 +18,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("hlo_doctor.runner.cli", "examples_command"),
     ("hlo_doctor.graph.cli", "show_command"),
     ("hlo_doctor.graph.cli", "explain_command"),
+    ("hlo_doctor.semantics.cli", "collectives_command"),
 )
 
 

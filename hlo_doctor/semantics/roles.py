@@ -23,7 +23,8 @@ Every collective (and every operand of a combined one) gets one role:
     a collective-permute inside a loop body whose operand was computed by a
     layer's matmul and whose result is carried into the next iteration.
 ``scalar-reduce``
-    a reduction of a value of at most a few elements (loss, metrics, norms).
+    a reduction of a value of at most a few elements (loss, metrics, norms)
+    that is not the gradient of a weight of that size.
 ``index-gather``
     integer or boolean data: labels, masks, token ids.
 ``other``
@@ -135,7 +136,8 @@ class _Judge:
                                    f"operand is {shape}: a count or flag")
             return OperandRole("index-gather", tuple(sorted(data or derived)),
                                f"operand is {shape}: integer or boolean data (indices, labels, masks)")
-        if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS and not batch_dims:
+        if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS and not batch_dims and (
+                not data or self.gradient_target(facts, operand) is None):
             return OperandRole("scalar-reduce", tuple(sorted(derived)),
                                f"operand is {shape}, {shape.num_elements} element(s): a loss, metric or norm")
         if kind == "ragged-all-to-all":
@@ -286,7 +288,7 @@ class _Judge:
                 bits = graph.parameter_bits(source)
                 if bits and bits & (bits - 1) == 0:  # exactly one parameter
                     number = bits.bit_length() - 1
-                    if number in weights and not self._batch_derived(node, number):
+                    if number in weights:
                         return number
         shape = at[graph.id_of(facts.result_key)].shape if graph.id_of(facts.result_key) is not None else None
         entry = graph.module.entry
@@ -295,9 +297,6 @@ class _Judge:
         matches = [p.parameter_number for p in entry.parameters()
                    if p.parameter_number in weights and p.shape.dims == shape.dims]
         return matches[0] if len(matches) == 1 else None
-
-    def _batch_derived(self, node: int, number: int) -> bool:
-        return False
 
 
 def assign_roles(
