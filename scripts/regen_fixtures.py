@@ -39,7 +39,7 @@ SEED = "fsdp-activation-gather"
 # Examples that also get a GSPMD fixture (besides Shardy, JAX's default).
 # Every bad/fixed rule pair under both JAX partitioners; the healthy models under Shardy.
 GSPMD_TOO = {SEED, "cross-host-tp", "transposed-mesh", "non-batch-dim-sharding", "replicated-large-param",
-             "reshard-churn", "uneven-padding"}
+             "reshard-churn", "uneven-padding", "scan-lost-batch"}
 
 
 def cases() -> list[tuple[str, str, str | None, str]]:
