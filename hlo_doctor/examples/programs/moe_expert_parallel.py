@@ -6,10 +6,11 @@ batch of tokens is sharded over both axes (8 ways), the experts' weights over
 replicated. Each token goes to its top-1 expert with a fixed capacity per
 expert (Switch/GShard-style one-hot dispatch and combine tensors), so tokens
 must travel to the devices holding their expert and back: one all-to-all over
-'expert' (groups {0,1,2,3}, {4,5,6,7}) to dispatch and one to return, and the
-same two again (transposed) in the backward pass. MoE dispatch needs every
-expert reachable from every token, so these all-to-alls are the pattern, not a
-mistake.
+'expert' (groups {0,1,2,3}, {4,5,6,7}) to dispatch and one to return. The
+backward pass has one more, the return's transpose, which sends the output's
+cotangent to the experts (the dispatch needs none: neither x nor the one-hot
+dispatch tensor is differentiated). MoE dispatch needs every expert reachable
+from every token, so these all-to-alls are the pattern, not a mistake.
 
 The program compiles the same train step (jax.grad of a squared-error loss, SGD
 update) twice, so the dump holds two modules:
