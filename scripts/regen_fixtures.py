@@ -4,8 +4,8 @@
 Each (example, framework, partitioner, variant) becomes a trimmed dump folder
 ``fixtures/<example>/<framework>-<partitioner>-<variant>/`` (torch_xla has no
 partitioner choice: ``torch_xla-<variant>``) holding the XLA dump and
-``hlo_doctor_run.json``. Expected-findings files (``expected*``) in those folders
-are kept.
+``hlo_doctor_run.json``. Expected-findings files (``expected*``) and the
+hand-written ``NOTES.md`` in those folders are kept.
 
 Examples with GPU targets also get deviceless GPU compiles,
 ``fixtures/<example>/jax-<target>-<variant>/`` (``jax-h100_2x8-bad``), when the
@@ -39,7 +39,7 @@ SEED = "fsdp-activation-gather"
 # Examples that also get a GSPMD fixture (besides Shardy, JAX's default).
 # Every bad/fixed rule pair under both JAX partitioners; the healthy models under Shardy.
 GSPMD_TOO = {SEED, "cross-host-tp", "transposed-mesh", "non-batch-dim-sharding", "replicated-large-param",
-             "reshard-churn", "uneven-padding"}
+             "reshard-churn", "uneven-padding", "scan-lost-batch"}
 
 
 def cases() -> list[tuple[str, str, str | None, str]]:
@@ -71,11 +71,15 @@ def fixture_dir(example: str, framework: str, partitioner: str | None, variant: 
     return FIXTURES / example / label
 
 
+# Hand-written files in a fixture folder, kept across a rerun.
+KEPT = ("expected*", "NOTES.md")
+
+
 def _take_expected(target: Path) -> dict[str, bytes]:
-    """The expected-findings files in a fixture folder, to put back after the rerun."""
+    """The expected-findings files and notes in a fixture folder, to put back after the rerun."""
     if not target.is_dir():
         return {}
-    return {p.name: p.read_bytes() for p in target.glob("expected*") if p.is_file()}
+    return {p.name: p.read_bytes() for pattern in KEPT for p in target.glob(pattern) if p.is_file()}
 
 
 def _size(path: Path) -> int:

@@ -122,6 +122,29 @@ EXAMPLES: tuple[Example, ...] = (
         "healthy: FSDP training step (value_and_grad + SGD), gradient reduce-scatters",
         HEALTHY, devices=4, scripts=_jax("train_step"),
     ),
+    Example(
+        "moe-expert-parallel",
+        "healthy: top-1 MoE MLP train step, experts sharded over 'expert', tokens dispatched "
+        "with all-to-all (GShard einsums at jit level and shard_map all_to_all)",
+        HEALTHY, devices=8, devices_per_host=4, scripts=_jax("moe_expert_parallel"),
+    ),
+    Example(
+        "shard-map-megatron",
+        "healthy: two Megatron MLP blocks in shard_map, explicit psum over 'model', "
+        "data-parallel train step",
+        HEALTHY, devices=8, devices_per_host=4, scripts=_jax("shard_map_megatron"),
+    ),
+    Example(
+        "pipeline-gpipe",
+        "healthy: GPipe pipeline in shard_map, ppermute between 4 stages, microbatches in a scan",
+        HEALTHY, devices=8, devices_per_host=4, scripts=_jax("pipeline_gpipe"),
+    ),
+    Example(
+        "scan-lost-batch",
+        "FSDP MLP layers under lax.scan whose body all-gathers the activation "
+        "(fixed: the carried activation constrained to the batch sharding)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("scan_lost_batch"),
+    ),
 )
 
 _BY_NAME = {example.name: example for example in EXAMPLES}
