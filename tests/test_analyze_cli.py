@@ -52,9 +52,18 @@ def test_json_report_matches_schema():
     assert data["modules"][0]["partitioner"] == "shardy" and data["modules"][0]["num_partitions"] == 8
 
 
-def test_json_with_hardware_matches_schema():
+def test_json_with_hardware_matches_schema(tmp_path):
     path = ROOT / "fixtures" / "replicated-large-param" / "jax-shardy-bad"
     data = json.loads(_run("analyze", str(path), "--format", "json", "--hardware", "h100").output)
+    jsonschema.validate(data, SCHEMA)
+    # a step of well under a microsecond of matmuls: too short for the bandwidth model to judge
+    assert {f["rule"] for f in data["findings"]} == {"replicated-large-parameter"}
+    [skip] = [s for s in data["skipped"] if s["rule"] == "communication-bound"]
+    assert "under min-compute-seconds" in skip["reason"]
+    config = tmp_path / "hlo-doctor.toml"
+    config.write_text("[rules.communication-bound]\nmin-compute-seconds = 0\n")
+    data = json.loads(_run("analyze", str(path), "--format", "json", "--hardware", "h100",
+                           "--config", str(config)).output)
     jsonschema.validate(data, SCHEMA)
     assert {f["rule"] for f in data["findings"]} == {"replicated-large-parameter", "communication-bound"}
 

@@ -345,12 +345,15 @@ def test_run_script_on_h100_2x8(tmp_path):
     # ... and analyzed: the H100 profile and the host layout come from the dump and its sidecar
     from hlo_doctor.analysis import analyze_dump
 
-    report = analyze_dump(result.dump_dir)
+    report = analyze_dump(result.dump_dir, rule_options={"communication-bound": {"min_compute_seconds": 0.0}})
     assert not [f for f in report.findings if f.rule == "internal-error"]
+    # judged although the toy step's matmuls take nanoseconds (min_compute_seconds 0)
     assert sorted({f.rule for f in report.findings}) == ["communication-bound"]
     [bound] = report.findings
-    assert bound.evidence["hardware"] == "h100" and bound.evidence["devices_per_host"] == 8
+    assert bound.evidence["hardware"] == "h100" and bound.evidence["slow_boundary"] == "host"
     assert bound.evidence["inter_host_bytes_sent"] > 0  # FSDP over 16 devices crosses the 2 hosts
+    # the FSDP weight gathers of a scheduled module are async: part of their time overlaps
+    assert bound.evidence["exposed_communication_seconds"] <= bound.evidence["communication_seconds"]
 
 
 @pytest.mark.slow

@@ -83,7 +83,9 @@ def test_agrees_with_shardy_for_every_value(folder):
     context = _context(folder)
     shardy = context.shardy
     mapped = [v for v in shardy.values if v.instruction is not None]
-    assert len(mapped) == len(shardy.values) and shardy.unmapped == 0
+    # every value maps, but results of a multi-result op the HLO never reads (argmax's max)
+    assert len(mapped) + shardy.unread == len(shardy.values) and shardy.unmapped == 0
+    assert shardy.unread <= 1
     checked = 0
     for value in mapped:
         if value.mlir.startswith("result"):

@@ -91,6 +91,9 @@ ROOT_KINDS = frozenset({"fusion_root", "while_result", "call_root", "branch_root
 
 _EDGE_DATA: dict[tuple, dict] = {}
 
+# Tuple-shaped ops whose result element i is computed from operand i alone.
+_ELEMENTWISE_TUPLE = frozenset({"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"})
+
 
 def _edge(kind: str, indices: tuple[int, ...] = ()) -> dict:
     key = (kind, indices)
@@ -710,6 +713,9 @@ def _propagate(graph: DataflowGraph) -> list:
             for source, _ in extra or ():
                 bits |= _flatten(values[source])
             return bits
+        if opcode in _ELEMENTWISE_TUPLE and not extra and len(sources) == len(instruction.shape.tuple_shapes):
+            # A combined collective: element i is operand i's.
+            return tuple(_flatten(values[s]) for s in sources)
         value = 0
         for source in sources:
             value = _join(value, values[source])

@@ -85,6 +85,9 @@ class ShardyOrigins:
     constraints: dict[str, str] = field(default_factory=dict)  # constraint_N -> HLO name
     constraint_keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> (computation, name)
     unmapped: int = 0
+    # Results of a multi-result op that the HLO never reads (no get-tuple-element of them):
+    # they have no HLO value of their own to map to.
+    unread: int = 0
     entry: str | None = None  # the entry computation's name
 
     def by_instruction(self) -> dict[str, ShardyValue]:
@@ -263,7 +266,9 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
             target = hlo
             if hlo is not None and len(origins) > 1:
                 target = scope.tuple_element(hlo, index)
-            if target is None:
+                if target is None:
+                    result.unread += 1  # nothing reads this result: no get-tuple-element of it
+            elif target is None:
                 result.unmapped += 1
             result.values.append(
                 ShardyValue(
@@ -275,4 +280,57 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
                     scope.computation.name,
                 )
             )
+    _manual_computation_origins(entry, result)
     return result
+
+
+_FULL_TO_SHARD = "SPMDFullToShardShape"
+_SHARD_TO_FULL = "SPMDShardToFullShape"
+
+
+def _manual_computation_origins(entry: Computation, result: ShardyOrigins) -> None:
+    """Name ``mc_N_input: K`` / ``mc_N_output: K`` (a shard_map's in/out shardings) as constraints.
+
+    Shardy numbers the manual computations of ``@main`` in program order; the
+    MLIR->HLO export turns the N-th into the N-th ``call`` of an
+    ``...manual_computation_body...`` computation, whose operand K is an
+    ``SPMDFullToShardShape`` custom-call of the value that carries input K's
+    sharding, and whose result K reaches an ``SPMDShardToFullShape``.
+    """
+    users: dict[str, list[Instruction]] = defaultdict(list)
+    for instruction in entry.instructions:
+        for operand in instruction.operands:
+            users[operand].append(instruction)
+    calls = [i for i in entry.instructions if i.opcode == "call"
+             and any("manual_computation_body" in name for name in i.called_computations)]
+    for number, call in enumerate(calls):
+        for index, operand_name in enumerate(call.operands):
+            operand = entry.get(operand_name)
+            if operand is not None and _target(operand) == _FULL_TO_SHARD and operand.operands:
+                source = entry.get(operand.operands[0])
+                if source is not None:
+                    key = f"mc_{number}_input: {index}"
+                    result.constraints.setdefault(key, source.name)
+                    result.constraint_keys.setdefault(key, (entry.name, source.name))
+        if call.shape.is_tuple:
+            elements = [(int(e.attribute("index") or 0), e) for e in users.get(call.name, ())
+                        if e.opcode == "get-tuple-element" and (e.attribute("index") or "").isdigit()]
+        else:
+            elements = [(0, call)]  # one result: the call is its value
+        for index, element in elements:
+            frontier = [element]
+            for _ in range(4):  # through the copies and reshapes the export puts in between
+                frontier = [u for f in frontier for u in users.get(f.name, ())]
+                done = [u for u in frontier if _target(u) == _SHARD_TO_FULL]
+                if done:
+                    key = f"mc_{number}_output: {index}"
+                    result.constraints.setdefault(key, done[0].name)
+                    result.constraint_keys.setdefault(key, (entry.name, done[0].name))
+                    break
+                frontier = [u for u in frontier if u.opcode in ("copy", "reshape", "bitcast")]
+
+
+def _target(instruction: Instruction) -> str:
+    if instruction.opcode != "custom-call":
+        return ""
+    return (instruction.attribute("custom_call_target") or "").strip('"')

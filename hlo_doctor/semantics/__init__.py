@@ -28,9 +28,9 @@ from hlo_doctor.graph.collectives import Collective, find_collectives
 from hlo_doctor.graph.dataflow import DataflowGraph, build_graph
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.hlo.ir import HloModule
-from hlo_doctor.semantics.cost import CostModel
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts, collective_facts
+from hlo_doctor.semantics.cost import CostModel
 from hlo_doctor.semantics.execution import Executions, execution_counts
 from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
 from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles
@@ -158,6 +158,9 @@ class ModuleSemantics:
 
         Overlap is read from its schedule; the partitioned snapshot has none.
         """
+        backend = self.view.module.backend or ""
+        if backend.startswith("cpu"):
+            return None  # the CPU backend runs collectives synchronously: its schedule hides nothing
         snapshot = self.view.module.snapshot(Role.AFTER_OPTIMIZATIONS)
         module = snapshot.try_module() if snapshot is not None else None
         if module is None or (module.attribute("is_scheduled") or "").strip() != "true":

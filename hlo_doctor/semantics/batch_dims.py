@@ -31,7 +31,6 @@ calls, while loops (to a fixpoint) and async pairs.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hlo_doctor.dump import Role

@@ -10,7 +10,7 @@ Decided from what the program does with it, never from its name:
   arguments), and parameters that reach an output of their own shape
   through elementwise ops only (``w - lr * g``: an update) and are not data;
 * **data**: integer arrays (tokens, labels, masks), every non-state array of
-  a torch_xla step, and arrays whose dim 0 reaches a layer's matmul as the
+  a training step (one that updates some state: torch_xla's, or JAX's), and arrays whose dim 0 reaches a layer's matmul as the
   activation's free dim while the other operand does not derive from them
   (see :mod:`hlo_doctor.semantics.batch_dims`): a residual ``x + f(x @ w)``
   keeps ``x`` data;
@@ -82,6 +82,9 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
         data |= set(batch.matmul_inputs)
         # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
         state |= _updated(module, graph, params) - data - scalars
+        if state:
+            # A training step: what it does not update is its input (float targets, masks, features).
+            data |= {p.parameter_number for p in arrays} - state
     names = {p.parameter_number: _name(p) for p in params}
     weights = frozenset(p.parameter_number for p in arrays) - data
     return EntryParameters(weights, frozenset(data), scalars, frozenset(state), names)

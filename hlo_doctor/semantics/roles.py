@@ -20,8 +20,9 @@ Every collective (and every operand of a combined one) gets one role:
     an all-to-all next to a matmul whose batch dim pairs tokens with the
     expert-sharded weights (MoE), and every ragged-all-to-all.
 ``pipeline-send``
-    a collective-permute inside a loop body whose operand was computed by a
-    layer's matmul and whose result is carried into the next iteration.
+    a collective-permute of data that a loop carries between iterations
+    (its result goes into the loop state, or it sends what the previous
+    iteration left there) and that a matmul with a weight computed.
 ``scalar-reduce``
     a reduction of a value of at most a few elements (loss, metrics, norms)
     that is not the gradient of a weight of that size.
@@ -69,6 +70,9 @@ PHASES = ("forward", "backward", "optimizer", "unknown")
 SCALAR_ELEMENTS = 64
 _REDUCING = frozenset({"all-reduce", "reduce-scatter"})
 _DOTS = frozenset({"dot", "convolution"})
+# Elementwise ops an optimizer updates a weight with, and ops that move a value unchanged.
+_UPDATES = frozenset({"add", "subtract", "multiply", "divide", "select", "fusion"})
+_MOVES = frozenset({"convert", "copy", "bitcast", "reshape", "get-tuple-element", "transpose", "dynamic-slice"})
 # How far the neighbourhood searches (expert matmuls, pipeline stages, gradient targets) look.
 _HOPS = 12
 
@@ -235,23 +239,29 @@ class _Judge:
         return None
 
     def pipeline_stage(self, facts: CollectiveFacts, operand: OperandFacts) -> str | None:
-        """The matmul that computed a permuted value carried into the next loop iteration, if any."""
+        """The matmul that computed a permuted value that a loop carries between iterations, if any.
+
+        Carried: the permuted value reaches the loop body's root (the next iteration's state), or
+        the permute reads a value the previous iteration left in the loop state.
+        """
         graph = self.graph
         at = graph.instruction_at
-        carried = False
-        for node, _ in self._walk(facts.result_key, forward=True, limit=4):
-            for _, kind in graph.calls_out_of.get(node, ()):
-                if kind == "loop_carried":
+        carried = any(kind == "loop_carried"
+                      for node, _ in self._walk(facts.result_key, forward=True, limit=8)
+                      for _, kind in graph.calls_out_of.get(node, ()))
+        if not carried:
+            for node, _ in self._walk(operand.key, forward=False, limit=2):
+                if any(kind == "loop_carried" for _, kind in graph.calls_into.get(node, ())):
                     carried = True
-            if carried:
-                break
+                    break
         if not carried:
             return None
         for node, _ in self._walk(operand.key, forward=False):
             instruction = at[node]
             if instruction.opcode in _DOTS and len(instruction.operands) >= 2:
-                sides = graph.operand_ids[node][:2]
-                if any(s != NO_NODE and self._weight_only(s) for s in sides):
+                sides = [s for s in graph.operand_ids[node][:2] if s != NO_NODE]
+                weights = self.params.weights
+                if len(sides) == 2 and any(graph.parameter_bits(s) >> w & 1 for s in sides for w in weights):
                     return instruction.name
         return None
 
@@ -277,26 +287,48 @@ class _Judge:
         return None
 
     def gradient_target(self, facts: CollectiveFacts, operand: OperandFacts) -> int | None:
-        """The weight a reduced gradient updates: the weight it meets downstream, else by shape."""
+        """The weight a reduced gradient updates, else the one weight of its shape.
+
+        An update is an elementwise op, a few elementwise steps downstream of the reduction, whose
+        other operand is one weight itself (``w - lr * g``), of the op's own shape.
+        """
         graph = self.graph
         at = graph.instruction_at
         weights = self.params.weights
-        for node, _ in self._walk(facts.result_key, forward=True):
-            for source in graph.sources_of(node):
-                if source == NO_NODE or at[source].opcode == "constant":
+        for node, _ in self._walk(facts.result_key, forward=True, limit=8):
+            instruction = at[node]
+            if instruction.opcode not in _UPDATES or instruction.shape.is_tuple:
+                continue
+            for source in graph.operand_ids[node]:
+                if source == NO_NODE or at[source].shape.dims != instruction.shape.dims:
                     continue
                 bits = graph.parameter_bits(source)
-                if bits and bits & (bits - 1) == 0:  # exactly one parameter
-                    number = bits.bit_length() - 1
-                    if number in weights:
-                        return number
-        shape = at[graph.id_of(facts.result_key)].shape if graph.id_of(facts.result_key) is not None else None
+                if bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in weights and \
+                        self._is_parameter_value(source):
+                    return bits.bit_length() - 1
+        node = graph.id_of(facts.result_key)
         entry = graph.module.entry
-        if shape is None or entry is None:
+        if node is None or entry is None:
             return None
+        shape = at[node].shape
         matches = [p.parameter_number for p in entry.parameters()
                    if p.parameter_number in weights and p.shape.dims == shape.dims]
         return matches[0] if len(matches) == 1 else None
+
+    def _is_parameter_value(self, node: int) -> bool:
+        """Whether ``node`` is a parameter's value, moved but not computed (converts, copies, loop state)."""
+        at = self.graph.instruction_at
+        for _ in range(6):
+            opcode = at[node].opcode
+            if opcode == "parameter":
+                return True
+            if opcode not in _MOVES:
+                return False
+            sources = [s for s in self.graph.operand_ids[node] if s != NO_NODE]
+            if not sources:
+                return False
+            node = sources[0]
+        return False
 
 
 def assign_roles(
@@ -308,8 +340,20 @@ def assign_roles(
     """The role, phase, parameters and reason of every collective, in the order given."""
     judge = _Judge(graph, params, batch)
     judged = []
+    first = {id(f): tuple(judge.operand_role(f, o) for o in f.operands) for f in collectives}
+    # An all-to-all over the groups of an expert dispatch, on data, is the dispatch's other half
+    # (the combine, or the backward pass's) even when no expert matmul is within reach.
+    dispatch_groups = {f.op.logical_groups for f in collectives
+                       if any(o.role == "expert-dispatch" for o in first[id(f)])}
     for facts in collectives:
-        operands = tuple(judge.operand_role(facts, operand) for operand in facts.operands)
+        operands = first[id(facts)]
+        if facts.effective_kind == "all-to-all" and facts.op.logical_groups in dispatch_groups:
+            operands = tuple(
+                OperandRole("expert-dispatch", o.parameters,
+                            "an all-to-all over the devices of the module's expert dispatch, on data routed "
+                            "to or from the experts") if o.role == "reshard" and
+                set(o.parameters) & params.data else o
+                for o in operands)
         if not operands:
             operands = (OperandRole("other", (), "no array operand"),)
         sizes = [o.bytes_in for o in facts.operands] or [0]

@@ -11,7 +11,6 @@ from hlo_doctor.rules.hardware import profile_for_backend
 from hlo_doctor.units import format_bytes
 
 
-
 @dataclass(frozen=True, slots=True)
 class CommunicationBoundOptions:
     threshold: float = 0.5
@@ -27,16 +26,25 @@ class CommunicationBound(Rule):
 
     **What it finds**
 
-    Per device and per step: the FLOPs of every ``dot`` and ``convolution``
-    (while-loop bodies times their trip count) against the bytes every
-    collective sends (ring estimates: all-reduce ``2(n-1)/n``, all-gather,
-    reduce-scatter and all-to-all ``(n-1)/n`` of the data, permutes all of
-    it). With a hardware profile (``--hardware h100|a100|tpu-v4|tpu-v5e`` or
-    a JSON file; a GPU dump's backend picks one itself) it estimates compute
-    time at peak bf16 FLOP/s and communication time at the intra- or
-    inter-host bandwidth (a group crosses hosts per ``--devices-per-host``),
-    and fires when communication is at least ``threshold`` of their sum.
-    Without a profile (a CPU dump with no ``--hardware``) it says nothing.
+    Per device and per step, with the analysis layer's cost model
+    (:mod:`hlo_doctor.semantics.cost`): the time of every matmul (``dot``,
+    ``convolution``, GEMM calls, loop bodies times their trip count) at the
+    profile's dense peak for its element type, against the time of every
+    collective (ring wire bytes over the intra-host link, or over the
+    inter-host link, inter-slice on TPU, when its groups cross that
+    boundary). Only communication that nothing overlaps counts: in a
+    scheduled GPU/TPU module an async collective hides behind the matmuls
+    scheduled between its start and its done; elsewhere weight gathers
+    (prefetchable) and gradient reductions hide behind compute up to the
+    step's compute time, while activation traffic, reshards and scalar
+    reductions sit on the critical path. The rule fires when the exposed
+    communication is at least ``threshold`` of the step. It needs a hardware
+    profile (``--hardware h100|a100|b200|tpu-v4|tpu-v5e`` or a JSON file; a
+    GPU dump's backend picks one itself); without one it says nothing. Steps
+    whose matmuls take less than ``min_compute_seconds`` are not judged:
+    latency, which a bandwidth model leaves out, decides those. The
+    estimate is a lower bound on communication time, within about 2x
+    (datasheet bandwidths, no latency).
 
     **Why it hurts**
 
@@ -72,6 +80,8 @@ class CommunicationBound(Rule):
       communicating at which the rule fires.
     * ``min_collective_bytes`` (int, default 0): ignore modules whose
       collectives send fewer bytes per device per step.
+    * ``min_compute_seconds`` (float, default 0.0001): do not judge steps
+      whose matmuls take less than this (estimated).
     """
 
     id = "communication-bound"

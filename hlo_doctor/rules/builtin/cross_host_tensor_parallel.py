@@ -13,7 +13,6 @@ from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.units import format_bytes
 
 
-
 @dataclass(frozen=True, slots=True)
 class CrossHostTensorParallelOptions:
     min_bytes: int = 0

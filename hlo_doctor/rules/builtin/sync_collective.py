@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.hlo.opcodes import ASYNC_DONE_OPCODES
+from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
+from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles, profile_for_backend
 from hlo_doctor.semantics.collective_model import collective_kind
 from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.execution import backend_config_json
-from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
-from hlo_doctor.rules.context import RuleContext
 
 # Ops that do no work a collective could hide behind.
 _NOT_COMPUTE = frozenset({
