@@ -16,6 +16,7 @@ from typing import Any
 
 from hlo_doctor import __version__
 from hlo_doctor.report.paths import relative_path
+from hlo_doctor.report.safe import plain
 from hlo_doctor.rules.base import Finding, Rule, Severity
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -30,8 +31,12 @@ def sarif_log(
     *,
     fingerprints: Sequence[str] | None = None,
     base: Path | None = None,
+    baseline_states: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The SARIF log as a JSON-ready dict.
+
+    ``baseline_states`` (parallel to ``findings``, when a baseline was applied)
+    become each result's ``baselineState``: ``"new"`` or ``"unchanged"``.
 
     ``fingerprints`` (parallel to ``findings``) become ``partialFingerprints``
     so code scanning tracks a finding across recompiles. Paths under ``base``
@@ -59,6 +64,8 @@ def sarif_log(
             result["relatedLocations"] = [dict(dump_location, id=1)]
         if fingerprints is not None:
             result["partialFingerprints"] = {"hloDoctorFinding/v1": fingerprints[position]}
+        if baseline_states is not None:
+            result["baselineState"] = baseline_states[position]
         if finding.suggestion is not None:
             result["properties"]["suggestion"] = {
                 "summary": finding.suggestion.summary,
@@ -113,12 +120,13 @@ def _first_paragraph(doc: str) -> str:
 
 
 def _message(finding: Finding) -> str:
+    """The result's text, with no control character (viewers print it as it is)."""
     text = finding.message
     if finding.instruction:
         text = f"{text} [{finding.module}: {finding.instruction}]"
     if finding.suggestion is not None:
         text += f" Fix: {finding.suggestion.summary}"
-    return text
+    return plain(text)
 
 
 def _uri(path: str, base: Path) -> str:
