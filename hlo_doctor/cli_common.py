@@ -144,8 +144,10 @@ def emit(text: str, output: str | None) -> None:
 
 
 def fail(error: Exception) -> None:
-    """One line on stderr and exit 2."""
-    click.echo(f"error: {error}", err=True)
+    """One line on stderr (made plain: it may quote the dump) and exit 2."""
+    from hlo_doctor.report.safe import plain
+
+    click.echo(f"error: {plain(error)}", err=True)
     sys.exit(2)
 
 

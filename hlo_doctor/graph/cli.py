@@ -133,7 +133,9 @@ def provenance_json(result) -> dict:
 
 
 def _fail(error: Exception) -> None:
-    click.echo(f"error: {one_line(str(error))}", err=True)
+    from hlo_doctor.report.safe import plain
+
+    click.echo(f"error: {plain(one_line(str(error)))}", err=True)
     sys.exit(2)
 
 

@@ -1,6 +1,7 @@
 """SARIF 2.1.0 output, for GitHub code scanning and other SARIF viewers.
 
-Each result sits at the user's source ``file:line`` when the dump knows it,
+Text a viewer shows (messages, names) is made plain (no control
+characters); each result sits at the user's source ``file:line`` when the dump knows it,
 so code-scanning UIs annotate the Python line; otherwise at the dump's
 ``file:line``. The dump location is always kept as a related location.
 ``tool.driver.rules`` carries every selected rule's id, short and full
@@ -53,7 +54,7 @@ def sarif_log(
             "message": {"text": _message(finding)},
             "locations": [_primary_location(finding, base)],
             "properties": {
-                "module": finding.module,
+                "module": plain(finding.module),
                 "evidence": _jsonable(finding.evidence),
             },
         }
@@ -146,7 +147,7 @@ def _dump_location(finding: Finding, base: Path) -> dict[str, Any] | None:
     if finding.file is None:
         return None
     location = _location(finding.file, finding.line, base)
-    location["message"] = {"text": f"HLO: {finding.instruction or finding.module}"}
+    location["message"] = {"text": plain(f"HLO: {finding.instruction or finding.module}")}
     return location
 
 
@@ -160,8 +161,8 @@ def _primary_location(finding: Finding, base: Path) -> dict[str, Any]:
     if finding.instruction:
         location["logicalLocations"] = [
             {
-                "name": finding.instruction,
-                "fullyQualifiedName": f"{finding.module}/{finding.instruction}",
+                "name": plain(finding.instruction),
+                "fullyQualifiedName": plain(f"{finding.module}/{finding.instruction}"),
                 "kind": "member",
             }
         ]
