@@ -167,25 +167,69 @@ def input_errors_exit_2(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Progress:
-    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
+    """A rich progress bar on stderr, only on a terminal and only once the work has taken ``DELAY`` seconds.
+
+    ``with Progress() as update:`` gives the ``update(done, total, module)``
+    callback of :func:`~hlo_doctor.analysis.analyze_dump` (None when stderr is
+    not a terminal); a quick analysis never draws anything.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._bar = None
+        self._task = None
+        self._timer: threading.Timer | None = None
+        self._closed = False
+        self._state: tuple[int, int | None, str] = (0, None, "")
 
     def __enter__(self):
-        self._bar = None
+        import threading
+
         if not sys.stderr.isatty():
             return None
+        self._timer = threading.Timer(self.DELAY, self._start)
+        self._timer.daemon = True
+        self._timer.start()
+        return self._update
+
+    def _start(self) -> None:
         from rich.console import Console
         from rich.progress import Progress as RichProgress
 
-        self._bar = RichProgress(console=Console(stderr=True), transient=True)
-        self._bar.start()
-        task = self._bar.add_task("analyzing", total=None)
+        with self._lock:
+            if self._closed:
+                return
+            self._bar = RichProgress(console=Console(stderr=True), transient=True)
+            self._task = self._bar.add_task("reading the dump", total=None)
+            self._bar.start()
+            self._show()
 
-        def update(done: int, total: int, module: str) -> None:
-            self._bar.update(task, completed=done, total=total, description=f"analyzing {module}")
+    def _update(self, done: int, total: int, module: str) -> None:
+        with self._lock:
+            self._state = (done, total, module)
+            if self._bar is not None:
+                self._show()
 
-        return update
+    def _show(self) -> None:
+        from hlo_doctor.report.safe import plain
+
+        done, total, module = self._state
+        self._bar.update(self._task, completed=done, total=total,
+                         description=f"reading and analyzing {plain(module)}" if module else "reading the dump")
+
+    @property
+    def shown(self) -> bool:
+        return self._bar is not None
 
     def __exit__(self, *exc_info):
-        if self._bar is not None:
-            self._bar.stop()
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            if self._bar is not None:
+                self._bar.stop()
         return False

@@ -248,3 +248,23 @@ def test_source_lines_come_only_from_the_project(tmp_path, monkeypatch):
     assert "49 | line 49 SECRET" in anywhere
     monkeypatch.chdir(secret.parent)  # now it is below the current directory
     assert "49 | line 49 SECRET" in run("analyze", str(dump)).stdout
+
+
+# -- progress ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tty", "seconds", "shown"), [(True, 0.4, True), (True, 0.0, False), (False, 0.4, False)])
+def test_progress_bar_only_on_a_terminal_and_only_when_slow(monkeypatch, tty, seconds, shown):
+    import time
+
+    from hlo_doctor.cli_common import Progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    monkeypatch.setattr(Progress, "DELAY", 0.1)
+    progress = Progress()
+    with progress as update:
+        assert (update is not None) == tty
+        if update is not None:
+            update(0, 1, "module_0000.jit_mlp")
+        time.sleep(seconds)
+    assert progress.shown == shown
