@@ -10,7 +10,6 @@ import click
 
 from hlo_doctor import __version__
 
-
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it; 1 means "findings" to ``check``."""
 

@@ -107,7 +107,7 @@ def test_text_shows_names_with_their_escapes_removed(dump):
 
 
 def test_colored_text_has_only_its_own_color_codes():
-    from hlo_doctor.analysis import Report, ModuleSummary
+    from hlo_doctor.analysis import ModuleSummary, Report
     from hlo_doctor.report.text import render_text
     from hlo_doctor.rules.base import Finding, Severity
 

@@ -18,7 +18,6 @@ from hlo_doctor.cli_common import (
     ids,
     input_errors_exit_2,
     load_rules,
-    run_analysis,
 )
 from hlo_doctor.config import SEVERITIES
 from hlo_doctor.report.safe import plain

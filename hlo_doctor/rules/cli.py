@@ -12,7 +12,6 @@ from hlo_doctor.cli_common import (
     ids,
     input_errors_exit_2,
     load_rules,
-    run_analysis,
     strict_plugins_option,
 )
 

@@ -12,10 +12,10 @@ import sys
 
 __all__ = ["EXTRAS", "MissingExtra", "extras_for", "missing_modules", "require_extras"]
 
-# extra (as pyproject spells it) -> the modules it installs that the runner imports
+# extra (as pyproject spells it) -> the modules of it that the runner and the child import
 EXTRAS: dict[str, tuple[str, ...]] = {
     "jax": ("jax", "jaxlib"),
-    "torch-xla": ("torch", "torch_xla"),
+    "torch-xla": ("torch_xla",),
     "gpu-target": ("jax_cuda12_plugin", "jax_plugins.xla_cuda12"),
     "tpu-target": ("libtpu",),
 }
