@@ -9,6 +9,8 @@ any file the dump names.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from hlo_doctor.analysis import Report
     from hlo_doctor.config import Config
 
-__all__ = ["OutputOptions", "analyze_or_exit", "write_report"]
+__all__ = ["OutputOptions", "analyze_or_exit", "failures_as_json", "write_report"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +44,30 @@ class OutputOptions:
         return cls(**{f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.name in options})
 
 
-def analyze_or_exit(dump: str, config: Config, verbose: bool, registry, jobs: int | None, out: OutputOptions) -> Report:
-    """:func:`run_analysis`; an unusable dump ends the command with exit 2 (a JSON document first, in JSON)."""
+@contextmanager
+def failures_as_json(dump: str, out: OutputOptions) -> Iterator[None]:
+    """Unusable input (a bad config value, an unreadable dump) ends the command with exit 2;
+    with ``--format json`` a document holding the error is printed first."""
     from hlo_doctor.hlo import ParseError
 
+    try:
+        yield
+    except (InputError, ParseError) as error:
+        if out.output_format == "json":
+            try:
+                emit(failure_document(dump, str(error)), out.output)
+            except InputError:
+                pass  # -o cannot be written: the one line below says why the run failed
+        fail(error)
+
+
+def analyze_or_exit(dump: str, config: Config, verbose: bool, registry, jobs: int | None, out: OutputOptions) -> Report:
+    """:func:`run_analysis` after the output options are checked (call it inside :func:`failures_as_json`)."""
     if out.statistics and out.output_format != "text":
         raise InputError("--statistics prints text; leave out --format or use --format text")
     if out.output_format == "html" and out.output is None:
         raise InputError("--format html writes a file: add -o report.html")
-    try:
-        return run_analysis(dump, config, verbose, registry, jobs)
-    except (InputError, ParseError) as error:
-        if out.output_format == "json":
-            emit(failure_document(dump, str(error)), out.output)
-        fail(error)
-        raise  # unreachable: fail() exits
+    return run_analysis(dump, config, verbose, registry, jobs)
 
 
 def failure_document(dump: str, message: str) -> str:

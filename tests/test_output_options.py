@@ -268,3 +268,11 @@ def test_progress_bar_only_on_a_terminal_and_only_when_slow(monkeypatch, tty, se
             update(0, 1, "module_0000.jit_mlp")
         time.sleep(seconds)
     assert progress.shown == shown
+
+
+@pytest.mark.parametrize("args", [("--select", "no-such-rule"), ("--hardware", "v100"), ("--baseline", "/no/such.json")])
+def test_json_prints_a_document_for_every_input_error(args):
+    result = run("check", str(SEED), "--format", "json", *args)
+    assert result.exit_code == 2
+    (error,) = json.loads(result.stdout)["errors"]
+    assert error["message"] in result.stderr

@@ -45,19 +45,20 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
     """
     import dataclasses
 
-    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, write_report
+    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
     from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
 
     out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)
-    config = effective_config(
-        config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
-        hardware=hardware, fail_on=fail_on,
-    )
-    baseline = None
-    if baseline_file is not None and write_baseline_file is None:
-        baseline = read_baseline(baseline_file, dump)
-    report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
+    with failures_as_json(dump, out):
+        config = effective_config(
+            config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+            hardware=hardware, fail_on=fail_on,
+        )
+        baseline = None
+        if baseline_file is not None and write_baseline_file is None:
+            baseline = read_baseline(baseline_file, dump)
+        report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
     if write_baseline_file is not None:
         count = write_baseline(report.findings, write_baseline_file)
         click.echo(f"wrote {count} finding{'s' if count != 1 else ''} to the baseline {write_baseline_file}", err=True)

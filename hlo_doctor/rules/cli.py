@@ -35,15 +35,16 @@ def analyze_command(dump, devices_per_host, hardware, select, ignore, config_fil
       hlo-doctor analyze ./dump --hardware h100 --devices-per-host 8
       hlo-doctor analyze ./dump --format html -o report.html
     """
-    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, write_report
+    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
 
     out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)
-    config = effective_config(
-        config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
-        hardware=hardware,
-    )
-    report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
+    with failures_as_json(dump, out):
+        config = effective_config(
+            config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+            hardware=hardware,
+        )
+        report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
     write_report(report, out)
 
 
