@@ -71,7 +71,7 @@ def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
     sources = sources or SourcePolicy.default(report.program)
     frameworks = {module.key: module.framework for module in report.modules}
     contexts, note = _contexts(report)
-    inventories = {key: module_inventory(ctx) for key, ctx in contexts.items()}
+    inventories = {key: _inventory_or_none(ctx) for key, ctx in contexts.items()}
     body = [_header(report, note)]
     for number, finding in enumerate(report.findings, 1):
         body.append(_finding(number, finding, contexts.get(finding.module), inventories.get(finding.module),
@@ -96,6 +96,14 @@ def _contexts(report: Report) -> tuple[dict[str, RuleContext], str | None]:
     options = AnalysisOptions(devices_per_host=report.devices_per_host)
     wanted = {module.key for module in report.modules}
     return {module.key: RuleContext(dump, module, options) for module in dump.modules if module.key in wanted}, None
+
+
+def _inventory_or_none(ctx: RuleContext) -> list[dict[str, Any]] | None:
+    """:func:`module_inventory`, or None when the module's snapshots cannot be read (the analysis said why)."""
+    try:
+        return module_inventory(ctx)
+    except Exception:  # noqa: BLE001 - a module that failed to parse is already in the report's errors
+        return None
 
 
 def _picture(make, *args) -> str:
