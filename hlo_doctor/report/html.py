@@ -22,7 +22,7 @@ from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.report.source import SourcePolicy, source_lines
 from hlo_doctor.report.svg import Bar, Edge, MeshCell, Node, bars_svg, dataflow_svg, grid_shape, mesh_svg
-from hlo_doctor.report.text import bytes_line
+from hlo_doctor.report.text import bytes_line, fixes_for
 from hlo_doctor.rules.base import Finding, Severity
 from hlo_doctor.units import format_bytes
 
@@ -37,7 +37,6 @@ INVENTORY_KEYS = ("instruction", "kind", "role", "phase", "parameters", "axes", 
 COLLECTIVE_OPCODES = frozenset({"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
                                 "collective-broadcast", "ragged-all-to-all"})
 _NEIGHBOURS = 12
-_FRAMEWORKS = (("jax", "JAX"), ("torch_xla", "torch_xla"))
 
 
 def module_inventory(ctx: RuleContext | None) -> list[dict[str, Any]] | None:
@@ -189,10 +188,8 @@ def _location(finding: Finding) -> str:
 def _fix(anchor: str, finding: Finding, framework: str | None) -> str:
     suggestion = finding.suggestion
     assert suggestion is not None
-    codes = [(label, getattr(suggestion, key)) for key, label in _FRAMEWORKS if getattr(suggestion, key)]
-    chosen = [(label, code) for label, code in codes if framework is None or label.lower() == framework.lower()]
     parts = [f'<div class="fix"><p><strong>fix:</strong> {html_text(suggestion.summary)}</p>']
-    for index, (label, code) in enumerate(chosen or codes):
+    for index, (label, code) in enumerate(fixes_for(suggestion, framework)):
         target = f"{anchor}-fix-{index}"
         parts.append(f'<div class="code"><div class="code-head">{html_text(label)} '
                      f'<button type="button" class="copy" data-target="{target}">copy</button></div>'

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
 from hlo_doctor.report.source import SourcePolicy, source_lines
-from hlo_doctor.rules.base import Finding, Severity
+from hlo_doctor.rules.base import Finding, Severity, Suggestion
 from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
     from hlo_doctor.analysis import Report
 
-__all__ = ["render_statistics", "render_text"]
+__all__ = ["bytes_line", "fixes_for", "render_statistics", "render_text"]
 
 _COLORS = {Severity.ERROR: "1;31", Severity.WARNING: "33", Severity.INFO: "36"}
 _HLO_WIDTH = 240
@@ -88,10 +88,11 @@ def render_statistics(report: Report) -> str:
 
 
 def _finding(finding: Finding, framework: str | None, verbose: bool, sources: SourcePolicy, style: _Style) -> str:
-    frame = source_lines(finding.source.file, finding.source.line, sources) if finding.source else None
+    source = finding.source
+    frame = source_lines(source.file, source.line, sources) if source is not None else None
     lines = [_header(finding, frame, style)]
-    if frame:
-        lines += _code_frame(frame, finding.source.line, style)  # type: ignore[union-attr]
+    if frame and source is not None:
+        lines += _code_frame(frame, source.line, style)
     if verbose:
         lines += _verbose_details(finding, style)
     if finding.suggestion is not None:
@@ -138,9 +139,7 @@ def _code_frame(frame: list[tuple[int, str]], line: int, style: _Style) -> list[
 def _fix(finding: Finding, framework: str | None, style: _Style) -> list[str]:
     suggestion = finding.suggestion
     assert suggestion is not None
-    codes = [(label, getattr(suggestion, key)) for key, label in _FRAMEWORK_LABELS if getattr(suggestion, key)]
-    chosen = [(label, code) for label, code in codes if framework is None or label.lower() == framework.lower()]
-    chosen = chosen or codes
+    chosen = fixes_for(suggestion, framework)
     title = f"  {style('fix:', '1;32')} {plain(suggestion.summary)}"
     if len(chosen) == 1:
         title += f" ({chosen[0][0]})"
@@ -148,12 +147,16 @@ def _fix(finding: Finding, framework: str | None, style: _Style) -> list[str]:
     for label, code in chosen:
         if len(chosen) > 1:
             lines.append(style(f"    # {label}", "2"))
-        lines += [f"    {line}" for line in plain_lines(code)]
+        lines += [f"    {plain(line)}" for line in code.splitlines()]
     return lines
 
 
-def plain_lines(code: str) -> list[str]:
-    return [plain(line) for line in code.splitlines()]
+def fixes_for(suggestion: Suggestion, framework: str | None) -> list[tuple[str, str]]:
+    """(label, code) of the suggestion's fix in ``framework`` (``jax``/``torch_xla``), or of every
+    framework it has when that is unknown or has no code."""
+    codes = [(label, getattr(suggestion, key)) for key, label in _FRAMEWORK_LABELS if getattr(suggestion, key)]
+    chosen = [(label, code) for label, code in codes if framework is None or label.lower() == framework.lower()]
+    return chosen or codes
 
 
 def bytes_line(finding: Finding) -> str:
