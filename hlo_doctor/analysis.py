@@ -55,6 +55,8 @@ class ModuleSummary:
     errors: tuple[str, ...] = ()
     collectives: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
     """kind -> (count, bytes of data per device per step)"""
+    framework: str | None = None
+    """``jax``, ``torch_xla`` or None when the dump does not say"""
 
 
 @dataclass
@@ -70,6 +72,11 @@ class Report:
     hardware: str | None = None
     tool_version: str = __version__
     verbose: bool = False
+    devices_per_host: int | None = None
+    program: str | None = None
+    """the runner's program (the script it ran), when the dump has its record"""
+    baselined: tuple[Finding, ...] | None = None
+    """findings a baseline accepted, left out of ``findings`` (None: no baseline was applied)"""
 
     def __str__(self) -> str:
         from hlo_doctor.report.text import render_text
@@ -164,6 +171,7 @@ def _analyze(
                 snapshots=tuple(s.label for s in module.snapshots),
                 errors=tuple(e.message for e in module_errors),
                 collectives=collectives,
+                framework=ctx.framework,
             )
         )
     if progress is not None:
@@ -187,7 +195,17 @@ def _analyze(
         rules=tuple(chosen),
         hardware=profile.name if profile is not None else None,
         verbose=verbose,
+        devices_per_host=devices_per_host,
+        program=_program(dump),
     )
+
+
+def _program(dump: Dump) -> str | None:
+    """The script the runner ran, from the dump's run record."""
+    record = dump.run_record if isinstance(dump.run_record, dict) else {}
+    script = record.get("script")
+    path = script.get("path") if isinstance(script, dict) else None
+    return path if isinstance(path, str) else None
 
 
 def _collective_summary(ctx: RuleContext) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ import click
 from hlo_doctor.config import Config, load_config
 from hlo_doctor.errors import InputError
 
-FORMATS = ("text", "json", "sarif", "markdown", "github")
+FORMATS = ("text", "json", "sarif", "markdown", "github", "html")
 
 
 def ids(values: tuple[str, ...]) -> list[str]:
@@ -47,7 +47,7 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options ``analyze`` and ``check`` share (flags override the config file)."""
     decorators = [
         click.option("--format", "output_format", type=click.Choice(FORMATS), default="text", show_default=True,
-                     help="Output format."),
+                     help="Output format (html: one self-contained file, for -o)."),
         click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
                      help="Write the report to this file instead of stdout."),
         click.option("--devices-per-host", type=click.IntRange(min=1),
@@ -59,7 +59,17 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      help="Configuration file (default: the nearest hlo-doctor.toml, or pyproject.toml "
                           "with [tool.hlo-doctor])."),
-        click.option("-v", "--verbose", is_flag=True, help="Also say which rules could not judge a module, and why."),
+        click.option("-v", "--verbose", is_flag=True,
+                     help="Text: add each finding's dump location, HLO line and evidence, and the modules' "
+                          "collectives."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="Print the findings only: no summary, no messages on stderr."),
+        click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of them."),
+        click.option("--exit-zero", is_flag=True,
+                     help="Exit 0 even when findings remain (errors in the input still exit 2)."),
+        click.option("--show-source-anywhere", is_flag=True,
+                     help="Quote source lines from any file the dump names, not only from files below the "
+                          "project root or the runner's program folder."),
         click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
                      help="Processes that may share a big module's rules (1: all in this one).  "
                           "[default: 2 on a machine with 2+ cores]"),
@@ -88,7 +98,19 @@ def effective_config(config_file: Path | None, registry=None, **overrides: Any) 
         name = overrides["hardware"]
         if name not in profile_names() and not Path(name).is_file():
             raise InputError(f"unknown hardware '{name}' (choose {', '.join(profile_names())} or a JSON file)")
-    return config.with_overrides(**overrides)
+    config = config.with_overrides(**overrides)
+    warn_if_no_rule(config, registry)
+    return config
+
+
+def warn_if_no_rule(config: Config, registry) -> None:
+    """A warning on stderr when select and ignore together leave no rule to run."""
+    from hlo_doctor.rules import select_rules
+
+    if (config.select.value or config.ignore.value) and not select_rules(registry, config.select.value,
+                                                                         config.ignore.value):
+        click.echo(f"warning: select ({config.select.origin}) and ignore ({config.ignore.origin}) leave no rule "
+                   "to run", err=True)
 
 
 def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: int | None = None):
@@ -112,18 +134,20 @@ def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: 
 
 
 def emit(text: str, output: str | None) -> None:
+    """``text`` on stdout, or written to ``output`` atomically (a temporary file beside it, then a rename)."""
     if output is None:
         click.echo(text, nl=False)
         return
-    try:
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"{output}: {error.strerror or error}") from None
+    from hlo_doctor.report.files import write_atomically
+
+    write_atomically(Path(output), text)
 
 
 def fail(error: Exception) -> None:
-    """One line on stderr and exit 2."""
-    click.echo(f"error: {error}", err=True)
+    """One line on stderr (made plain: it may quote the dump) and exit 2."""
+    from hlo_doctor.report.safe import plain
+
+    click.echo(f"error: {plain(error)}", err=True)
     sys.exit(2)
 
 
@@ -143,25 +167,69 @@ def input_errors_exit_2(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Progress:
-    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
+    """A rich progress bar on stderr, only on a terminal and only once the work has taken ``DELAY`` seconds.
+
+    ``with Progress() as update:`` gives the ``update(done, total, module)``
+    callback of :func:`~hlo_doctor.analysis.analyze_dump` (None when stderr is
+    not a terminal); a quick analysis never draws anything.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._bar = None
+        self._task = None
+        self._timer: threading.Timer | None = None
+        self._closed = False
+        self._state: tuple[int, int | None, str] = (0, None, "")
 
     def __enter__(self):
-        self._bar = None
+        import threading
+
         if not sys.stderr.isatty():
             return None
+        self._timer = threading.Timer(self.DELAY, self._start)
+        self._timer.daemon = True
+        self._timer.start()
+        return self._update
+
+    def _start(self) -> None:
         from rich.console import Console
         from rich.progress import Progress as RichProgress
 
-        self._bar = RichProgress(console=Console(stderr=True), transient=True)
-        self._bar.start()
-        task = self._bar.add_task("analyzing", total=None)
+        with self._lock:
+            if self._closed:
+                return
+            self._bar = RichProgress(console=Console(stderr=True), transient=True)
+            self._task = self._bar.add_task("reading the dump", total=None)
+            self._bar.start()
+            self._show()
 
-        def update(done: int, total: int, module: str) -> None:
-            self._bar.update(task, completed=done, total=total, description=f"analyzing {module}")
+    def _update(self, done: int, total: int, module: str) -> None:
+        with self._lock:
+            self._state = (done, total, module)
+            if self._bar is not None:
+                self._show()
 
-        return update
+    def _show(self) -> None:
+        from hlo_doctor.report.safe import plain
+
+        done, total, module = self._state
+        self._bar.update(self._task, completed=done, total=total,
+                         description=f"reading and analyzing {plain(module)}" if module else "reading the dump")
+
+    @property
+    def shown(self) -> bool:
+        return self._bar is not None
 
     def __exit__(self, *exc_info):
-        if self._bar is not None:
-            self._bar.stop()
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            if self._bar is not None:
+                self._bar.stop()
         return False

@@ -193,6 +193,21 @@ def _check_type(where: str, value: Any, field_: dataclasses.Field, origin: str) 
     check = checks.get(expected.replace(" ", "").split("|")[0])
     if check is not None and not check(value):
         raise InputError(f"{origin}: {where} must be {expected}, not {value!r}")
+    _check_range(where, field_.name, value, origin)
+
+
+# Options that are a size or count to round to or divide by: zero makes no sense.
+_AT_LEAST_ONE = frozenset({"round_to"})
+
+
+def _check_range(where: str, name: str, value: Any, origin: str) -> None:
+    """Sizes, counts and fractions are never negative; ``round-to`` and the like are at least 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if name in _AT_LEAST_ONE and value < 1:
+        raise InputError(f"{origin}: {where} must be at least 1, not {value!r}")
+    if value < 0:
+        raise InputError(f"{origin}: {where} must not be negative, not {value!r}")
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...], origin: str) -> None:
@@ -202,7 +217,8 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...], origin: str) -
 
 def _string_list(value: Any, key: str, origin: str) -> list[str]:
     if isinstance(value, str):
-        value = [value]
+        raise InputError(f"{origin}: {key} must be a list of strings, not the string {value!r} "
+                         f"(write {key} = [{value!r}])")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InputError(f"{origin}: {key} must be a list of strings, not {value!r}")
     return value

@@ -28,11 +28,19 @@ def test_text_report():
     result = _run("analyze", str(UNEVEN_BAD))
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "module_0000.jit_loss" in out and "all-reduce x3" in out
-    assert "uneven-sharding-padding" in out and "50257" in out
+    assert out.startswith("hlo_doctor/examples/programs/uneven_padding.py:44:")  # path:line:col
+    assert "warning uneven-sharding-padding dimension 1 of size 50257" in out.splitlines()[0]
     assert "logits = jax.lax.with_sharding_constraint" in out  # the user's source line
+    assert "NamedSharding(mesh" in out  # the fix, for JAX only: the dump says it came from JAX
+    assert "xs.mark_sharding" not in out
+    assert "%pad = f32[50264,256]" not in out and "all-reduce x3" not in out  # only with --verbose
+
+
+def test_verbose_text_adds_evidence_hlo_and_collectives():
+    out = _run("analyze", str(UNEVEN_BAD), "--verbose").output
     assert "%pad = f32[50264,256]" in out  # the HLO excerpt
-    assert "NamedSharding(mesh" in out and "xs.mark_sharding(x, mesh, (None, 'model'))" in out  # the fix
+    assert "evidence:" in out
+    assert "module_0000.jit_loss" in out and "all-reduce x3" in out
 
 
 def test_verbose_says_why_rules_were_skipped():

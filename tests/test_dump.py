@@ -439,3 +439,33 @@ def test_header_attribute_edge_cases() -> None:
     assert shapes is not None and [s.dims for s in shapes[:1]] == [(2, 3)] and shapes[1].is_tuple
     assert entry_layout_parameters("HloModule m, entry_computation_layout={(f32[2]") is None
     assert entry_layout_parameters("HloModule m") is None
+
+
+def test_symlinks_out_of_the_dump_folder_are_skipped_with_a_note(tmp_path):
+    import shutil
+
+    from hlo_doctor.analysis import analyze_dump
+
+    seed = Path(__file__).resolve().parents[1] / "fixtures" / "fsdp-activation-gather" / "jax-shardy-bad"
+    dump = tmp_path / "dump"
+    shutil.copytree(seed, dump)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    before = next(dump.glob("*.before_optimizations.txt"))
+    (outside / "other.txt").write_text(before.read_text())
+    (outside / "run.json").write_text((dump / "hlo_doctor_run.json").read_text())
+    (dump / "module_0007.jit_other.before_optimizations.txt").symlink_to(outside / "other.txt")
+    (dump / "hlo_doctor_run.json").unlink()
+    (dump / "hlo_doctor_run.json").symlink_to(outside / "run.json")
+    (dump / "module_0008.jit_inside.before_optimizations.txt").symlink_to(before)  # inside: kept
+
+    loaded = load_dump(dump)
+    assert sorted(m.name for m in loaded.modules) == ["jit_inside", "jit_mlp"]
+    assert loaded.run_record is None
+    notes = {Path(e.path).name: e.message for e in loaded.load_errors}
+    assert notes == {
+        "module_0007.jit_other.before_optimizations.txt": "skipped: a symbolic link that leads out of the dump folder",
+        "hlo_doctor_run.json": "skipped: a symbolic link that leads out of the dump folder",
+    }
+    report = analyze_dump(dump)
+    assert sum("leads out of the dump folder" in e.message for e in report.errors) == 2

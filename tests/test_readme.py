@@ -54,9 +54,10 @@ def test_quick_start_prints_the_diagnosis_and_the_fix(tmp_path: Path, monkeypatc
     result = CliRunner().invoke(main, shlex.split(doctor)[1:])
     assert result.exit_code == 0, result.output
     for expected in ("activation-all-gather", "non-batch-dim-sharding",
-                     "jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))",
-                     "xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))"):
+                     "fsdp_activation_gather.py:49:9: warning activation-all-gather ",
+                     "jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))"):
         assert expected in result.output
+    assert "xs.mark_sharding" not in result.output  # a JAX program: the JAX fix only
 
 
 def test_python_api_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -64,3 +65,17 @@ def test_python_api_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     exec(compile(first_block(section("Python API"), "python"), "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert any(line.startswith("activation-all-gather all-gather 49 ") for line in printed), printed
+
+
+@pytest.mark.slow
+def test_analyze_jax_example_runs_in_a_fresh_process() -> None:
+    pytest.importorskip("jax")
+    import sys
+
+    blocks = re.findall(r"^```python\n(.*?)^```", section("Python API"), re.S | re.M)
+    example = next(block for block in blocks if "analyze_jax" in block)
+    assert "ShapeDtypeStruct" in example and "jnp.ones" not in example
+    result = subprocess.run([sys.executable, "-c", example], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.fullmatch(r"\d+ findings in \S+\n", result.stdout), result.stdout

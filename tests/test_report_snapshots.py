@@ -21,7 +21,7 @@ CASES = {
     "seed-torch_xla-bad": "fixtures/fsdp-activation-gather/torch_xla-bad",
     "seed-shardy-fixed": "fixtures/fsdp-activation-gather/jax-shardy-fixed",
 }
-SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif", "markdown": "md", "github": "txt"}
+SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif", "markdown": "md", "github": "txt", "html": "html"}
 
 
 def recorded_root(folder: str) -> str:

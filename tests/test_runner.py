@@ -450,3 +450,51 @@ def test_torch_xla_end_to_end(tmp_path):
     [linear] = [c for c in sidecar["module_calls"] if c["module_class"].endswith("Linear")]
     assert linear["file"] == str(script) and linear["line"] == 14
     assert list(result.dump_dir.glob("module_*SyncTensorsGraph*after_spmd-partitioning*.txt"))
+
+
+def test_a_missing_extra_stops_the_run_before_the_child_starts(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import hlo_doctor.runner.cli as runner_cli
+    import hlo_doctor.runner.extras as extras
+    from hlo_doctor.cli import main
+
+    monkeypatch.setattr(extras, "_found_here", lambda name: name not in ("torch_xla",))
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the child was started")
+
+    monkeypatch.setattr(runner_cli, "run_example", must_not_run)
+    monkeypatch.setattr(runner_cli, "run_script", must_not_run)
+    result = CliRunner().invoke(main, ["run", "--example", "fsdpv2-torch-xla", "--dump-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2
+    assert result.stderr == ("error: the torch-xla extra is not installed (no module torch_xla): "
+                             "pip install 'hlo-doctor[torch-xla]'\n")
+    assert not (tmp_path / "d").exists()
+    script = tmp_path / "train.py"
+    script.write_text("import torch_xla\n")
+    result = CliRunner().invoke(main, ["run", "--", "python", str(script)])
+    assert result.exit_code == 2 and "pip install 'hlo-doctor[torch-xla]'" in result.stderr
+
+
+def test_extras_are_probed_in_the_scripts_own_interpreter(tmp_path):
+    import os
+
+    from hlo_doctor.runner.extras import missing_modules
+
+    other = tmp_path / "python"
+    os.symlink(sys.executable, other)  # another path: probed in a child process
+    assert missing_modules(("json", "no_such_module_for_hlo_doctor"), str(other)) == ["no_such_module_for_hlo_doctor"]
+    assert missing_modules(("json", "no_such_module_for_hlo_doctor")) == ["no_such_module_for_hlo_doctor"]
+
+
+def test_examples_say_which_extra_each_needs():
+    from click.testing import CliRunner
+
+    from hlo_doctor.cli import main
+
+    lines = {line.split()[0]: line for line in CliRunner().invoke(main, ["examples"]).output.splitlines()}
+    assert "needs jax | torch-xla " in lines["fsdp-activation-gather"]
+    assert "needs torch-xla " in lines["fsdpv2-torch-xla"]
+    assert "needs jax+gpu-target " in lines["sync-collective"]
+    assert "needs jax " in lines["llama-fsdp"]

@@ -193,3 +193,20 @@ def test_analyze_jax_for_h100_2x8(tmp_path, mesh):
     assert sync["evidence"]["sync_starts"] == starts
     assert sync["evidence"]["flags"] == [FLAG]
     assert f"remove {FLAG}" in sync["message"]
+
+
+def test_the_fix_appends_to_xla_flags_and_keeps_the_others(monkeypatch):
+    from hlo_doctor.analysis import analyze_dump
+
+    report = analyze_dump(Path(__file__).resolve().parents[1] / "fixtures" / "sync-collective" / "jax-h100_2x8-bad",
+                          select=["sync-collective"])
+    assert report.findings
+    for finding in report.findings:
+        for code in (finding.suggestion.jax, finding.suggestion.torch_xla):
+            assert 'XLA_FLAGS="$XLA_FLAGS ' in code  # the shell form appends too
+            environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8"}
+            monkeypatch.setattr("os.environ", environ)
+            exec(code, {"os": __import__("os")})  # the Python line, run
+            flags = environ["XLA_FLAGS"].split()
+            assert flags[:2] == ["--xla_dump_to=/tmp/d", "--xla_force_host_platform_device_count=8"]
+            assert len(flags) > 2

@@ -584,7 +584,13 @@ def _load_folder(folder: Path) -> Dump:
 
     files: dict[str, os.DirEntry[str]] = {}
     module_dirs: dict[tuple[int, str], Path] = {}
+    root = folder.resolve()
     for entry in entries:
+        if entry.is_symlink() and not _leads_inside(Path(entry.path), root):
+            if entry.name == RUN_RECORD or parse_file_name(entry.name) is not None or \
+                    parse_module_dir_name(entry.name) is not None:
+                errors.append(DumpError(entry.path, "skipped: a symbolic link that leads out of the dump folder"))
+            continue
         try:
             is_dir = entry.is_dir()
             is_file = not is_dir and entry.is_file()
@@ -679,14 +685,26 @@ def _shardy_dumps(directory: Path) -> tuple[Path, ...]:
     try:
         if not directory.is_dir():
             return ()
-        return tuple(sorted(p for p in directory.iterdir() if p.suffix == ".mlir" and p.is_file()))
+        root = directory.resolve()
+        return tuple(sorted(p for p in directory.iterdir() if p.suffix == ".mlir" and p.is_file()
+                            and (not p.is_symlink() or _leads_inside(p, root))))
     except OSError:
         return ()
+
+
+def _leads_inside(link: Path, root: Path) -> bool:
+    """Whether the symbolic link ``link`` resolves to a path inside ``root`` (a resolved folder)."""
+    try:
+        return link.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a loop
+        return False
 
 
 def _read_run_record(folder: Path, errors: list[DumpError]) -> dict[str, object] | None:
     path = folder / RUN_RECORD
     try:
+        if path.is_symlink() and not _leads_inside(path, folder.resolve()):
+            return None  # noted by the folder scan
         if not path.is_file():
             return None
         record = json.loads(_read_bytes(path).decode("utf-8"))

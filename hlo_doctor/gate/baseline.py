@@ -17,6 +17,7 @@ from typing import Any
 from hlo_doctor import __version__
 from hlo_doctor.errors import InputError
 from hlo_doctor.gate.fingerprint import occurrence_fingerprints
+from hlo_doctor.report.files import write_atomically
 from hlo_doctor.rules.base import Finding
 
 BASELINE_VERSION = 1
@@ -59,17 +60,20 @@ def write_baseline(findings: Sequence[Finding], path: str | Path) -> int:
     document = {"schema_version": BASELINE_VERSION, "tool": {"name": "hlo-doctor", "version": __version__},
                 "findings": entries}
     try:
-        Path(path).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"{path}: cannot write the baseline: {error.strerror or error}") from None
+        write_atomically(path, json.dumps(document, indent=2) + "\n")
+    except InputError as error:
+        raise InputError(f"cannot write the baseline: {error}") from None
     return len(entries)
 
 
-def read_baseline(path: str | Path) -> tuple[BaselineEntry, ...]:
+def read_baseline(path: str | Path, dump: str = "DUMP") -> tuple[BaselineEntry, ...]:
+    """The entries of the baseline file ``path``; InputError when it is missing (saying how to
+    create it from ``dump``), unreadable or not a baseline."""
     try:
         document: Any = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{path}: baseline file not found (write one with --write-baseline)") from None
+        raise InputError(f"{path}: baseline file not found; create it with "
+                         f"`hlo-doctor check {dump} --write-baseline {path}`") from None
     except OSError as error:
         raise InputError(f"{path}: {error.strerror or error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -18,9 +18,9 @@ from hlo_doctor.cli_common import (
     ids,
     input_errors_exit_2,
     load_rules,
-    run_analysis,
 )
 from hlo_doctor.config import SEVERITIES
+from hlo_doctor.report.safe import plain
 from hlo_doctor.rules.base import Severity
 
 
@@ -34,8 +34,8 @@ from hlo_doctor.rules.base import Severity
 @click.option("--write-baseline", "write_baseline_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Record the current findings in this file (and exit 0).")
 @input_errors_exit_2
-def check_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
-                  jobs, strict_plugins, fail_on, baseline_file, write_baseline_file):
+def check_command(dump, devices_per_host, hardware, select, ignore, config_file, verbose, jobs, strict_plugins,
+                  fail_on, baseline_file, write_baseline_file, **output):
     """Gate CI on a compiled graph: exit 1 when findings at or above --fail-on remain.
 
     \b
@@ -45,38 +45,43 @@ def check_command(dump, output_format, output, devices_per_host, hardware, selec
     """
     import dataclasses
 
+    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
     from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
-    from hlo_doctor.report import render
 
+    out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)
-    config = effective_config(
-        config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
-        hardware=hardware, fail_on=fail_on,
-    )
-    report = run_analysis(dump, config, verbose, registry, jobs)
+    with failures_as_json(dump, out):
+        config = effective_config(
+            config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+            hardware=hardware, fail_on=fail_on,
+        )
+        baseline = None
+        if baseline_file is not None and write_baseline_file is None:
+            baseline = read_baseline(baseline_file, dump)
+        report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
     if write_baseline_file is not None:
         count = write_baseline(report.findings, write_baseline_file)
         click.echo(f"wrote {count} finding{'s' if count != 1 else ''} to the baseline {write_baseline_file}", err=True)
         return
     fixed = ()
-    baselined = 0
-    if baseline_file is not None:
-        result = apply_baseline(report.findings, read_baseline(baseline_file))
-        report = dataclasses.replace(report, findings=result.new)
+    if baseline is not None:
+        result = apply_baseline(report.findings, baseline)
+        report = dataclasses.replace(report, findings=result.new, baselined=result.baselined)
         fixed = result.fixed
-        baselined = len(result.baselined)
-    emit(render(report, output_format, color=None if output is None else False), output)
+    write_report(report, out)
     threshold = Severity(config.fail_on.value).rank
     failing = [f for f in report.findings if f.severity.rank <= threshold]
-    if baseline_file is not None:
+    if baseline is not None and not out.quiet:
+        baselined = len(report.baselined or ())
         click.echo(f"baseline {baseline_file}: {baselined} known finding{'s' if baselined != 1 else ''} ignored, "
                    f"{len(report.findings)} new, {len(fixed)} fixed", err=True)
         for entry in fixed:
             where = f" at {entry.source}" if entry.source else ""
-            click.echo(f"fixed: {entry.rule} in {entry.module}{where}: {entry.message}", err=True)
-    if failing:
-        click.echo(f"{len(failing)} finding{'s' if len(failing) != 1 else ''} at or above "
-                   f"'{config.fail_on.value}'", err=True)
+            click.echo(plain(f"fixed: {entry.rule} in {entry.module}{where}: {entry.message}"), err=True)
+    if failing and not out.exit_zero:
+        if not out.quiet:
+            click.echo(f"{len(failing)} finding{'s' if len(failing) != 1 else ''} at or above "
+                       f"'{config.fail_on.value}'", err=True)
         raise SystemExit(1)
 
 

@@ -1,9 +1,12 @@
 """``hlo-doctor show`` and ``hlo-doctor explain``.
 
-``show DUMP [--module M] [--op NAME]``: a table per module of the ops after
-propagation: shape, sharding before and after propagation, per-device shape
-and the user's source line; with ``--op``, a picture of how that array's
-dims split over the devices.
+``show DUMP [--module M] [--op NAME] [--format text|json]``: a table per
+module of the ops after propagation: shape, sharding before and after
+propagation, per-device shape and the user's source line; with ``--op``, a
+picture of how that array's dims split over the devices.
+
+OP may be a name after propagation or one of the after-partitioning names
+findings print; both commands say which snapshot they looked in.
 
 ``explain DUMP OP [--module M] [--format text|json]``: the provenance of
 OP's sharding, axis by axis, back to the user's annotations, and the
@@ -21,7 +24,7 @@ import click
 
 from hlo_doctor.errors import InputError, one_line
 
-__all__ = ["ModuleContext", "explain_command", "load_context", "provenance_json", "show_command"]
+__all__ = ["Lookup", "ModuleContext", "explain_command", "load_context", "lookup", "provenance_json", "show_command"]
 
 
 @dataclass
@@ -133,8 +136,78 @@ def provenance_json(result) -> dict:
 
 
 def _fail(error: Exception) -> None:
-    click.echo(f"error: {one_line(str(error))}", err=True)
+    from hlo_doctor.report.safe import plain
+
+    click.echo(f"error: {plain(one_line(str(error)))}", err=True)
     sys.exit(2)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Where an OP name given on the command line was found.
+
+    ``key`` is the after-propagation instruction to explain or draw (None when
+    the name has no counterpart there); ``partitioned`` the instruction of the
+    after-partitioning snapshot when the name is one of its names (the names
+    findings print); ``note`` says which snapshot was looked in.
+    """
+
+    name: str
+    snapshot: str
+    key: tuple[str, str] | None
+    partitioned: tuple[str, str] | None
+    note: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "snapshot": self.snapshot, "note": self.note,
+                "after_propagation": self.key[1] if self.key else None,
+                "after_partitioning": self.partitioned[1] if self.partitioned else None}
+
+
+def lookup(context: ModuleContext, op: str) -> Lookup | None:
+    """Find ``op`` after propagation, else among the after-partitioning snapshot's names."""
+    after = context.module.after_propagation().label
+    keys = context.graph.find(op)
+    if keys:
+        return Lookup(op, after, keys[0], None, f"%{op}: looking in the after-propagation snapshot ({after})")
+    partitioned = context.module.partitioned()
+    if partitioned is None or context.partition_link is None:
+        return None
+    found = next(((c.name, i.name) for c, i in partitioned.module().instructions() if i.name == op), None)
+    if found is None:
+        return None
+    label = partitioned.label
+    origins = context.partition_link.origin_of(found)
+    if found in context.partition_link.backward:
+        note = (f"%{op} is a name of the after-partitioning snapshot ({label}); "
+                f"after propagation ({after}) it is %{origins[0][1]}")
+    elif origins:
+        names = ", ".join(f"%{key[1]}" for key in origins)
+        note = (f"%{op} was inserted by the partitioner ({label}) for {names}; "
+                f"looking at %{origins[0][1]} after propagation ({after})")
+    else:
+        note = f"%{op} was inserted by the partitioner ({label}) and has no counterpart after propagation"
+    return Lookup(op, label, origins[0] if origins else None, found, note)
+
+
+def _explain_lookups(dump: str, op: str, module_name: str | None):
+    from hlo_doctor.graph.provenance import explain
+
+    loaded, modules = _load(dump, module_name)
+    results = []
+    for dump_module in modules:
+        context = load_context(dump_module, loaded.run_record)
+        found = lookup(context, op)
+        if found is None:
+            continue
+        result = None
+        if found.key is not None:
+            result = explain(context.graph, found.key[1], computation=found.key[0], marks=context.marks,
+                             mesh=context.mesh, shardy=context.shardy, partition_link=context.partition_link)
+        results.append((found, result))
+    if not results:
+        raise InputError(f"no instruction {op!r} after propagation or after partitioning in {dump}")
+    return results
 
 
 @click.command("explain")
@@ -143,33 +216,28 @@ def _fail(error: Exception) -> None:
 @click.option("--module", "module_name", default=None, help="Module name (default: every module with OP).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def explain_command(dump: str, op: str, module_name: str | None, output_format: str) -> None:
-    """Explain where OP's sharding came from, axis by axis."""
-    from hlo_doctor.graph.provenance import explain
-    from hlo_doctor.hlo.errors import ParseError
+    """Explain where OP's sharding came from, axis by axis.
 
-    results = []
+    OP is a name after propagation, or one of the after-partitioning names
+    findings print (then the op it came from is explained).
+    """
+    from hlo_doctor.hlo.errors import ParseError
+    from hlo_doctor.report.safe import plain
+
     try:
-        loaded, modules = _load(dump, module_name)
-        for dump_module in modules:
-            context = load_context(dump_module, loaded.run_record)
-            if not context.graph.find(op):
-                continue
-            results.append(
-                explain(
-                    context.graph, op, marks=context.marks, mesh=context.mesh,
-                    shardy=context.shardy, partition_link=context.partition_link,
-                )
-            )
-        if not results:
-            raise InputError(f"no instruction {op!r} after propagation in {dump}")
+        results = _explain_lookups(dump, op, module_name)
     except (InputError, ParseError, OSError) as error:
         _fail(error)
     if output_format == "json":
-        payload = [provenance_json(r) for r in results]
+        payload = [dict(provenance_json(r) if r is not None else {"module": None, "instruction": None},
+                        lookup=found.to_json()) for found, r in results]
         click.echo(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
         return
-    for result in results:
-        click.echo(f"{result.module}: %{result.instruction}  sharding={result.sharding}")
+    for found, result in results:
+        click.echo(plain(found.note))
+        if result is None:
+            continue
+        click.echo(plain(f"{result.module}: %{result.instruction}  sharding={result.sharding}"))
         if result.user_given is not None:
             click.echo(f"  given by the user ({result.user_given.kind})")
         if not result.origins:
@@ -177,76 +245,152 @@ def explain_command(dump: str, op: str, module_name: str | None, output_format: 
         for axis, origin in result.origins.items():
             where = f" {origin.source.file}:{origin.source.line}" if origin.source else ""
             index = f" {origin.index}" if origin.index is not None else ""
-            click.echo(f"  axis {axis}: {origin.kind}{index} at %{origin.instruction}{where}"
-                       + ("  (Shardy)" if origin.from_shardy else ""))
+            click.echo(plain(f"  axis {axis}: {origin.kind}{index} at %{origin.instruction}{where}"
+                             + ("  (Shardy)" if origin.from_shardy else "")))
             for step in result.paths.get(axis, []):
                 src = f"  {step.source.file}:{step.source.line}" if step.source else ""
-                click.echo(f"    <- %{step.key[1]} ({step.opcode}, {step.sharding}) via {step.via}{src}")
+                click.echo(plain(f"    <- %{step.key[1]} ({step.opcode}, {step.sharding}) via {step.via}{src}"))
         if result.collectives:
-            click.echo("  inserted by the partitioner: " + ", ".join(f"%{c}" for c in result.collectives))
+            click.echo(plain("  inserted by the partitioner: " + ", ".join(f"%{c}" for c in result.collectives)))
+
+
+def _rows(context: ModuleContext) -> list[dict]:
+    """show's table: every op after propagation with its shardings, per-device shape and source line."""
+    from hlo_doctor.graph.source import user_frame_of
+
+    graph = context.graph
+    before_names = {v: k for k, v in context.before_link.forward.items()} if context.before_link is not None else {}
+    rows = []
+    for computation in graph.module.computations:
+        for instruction in computation.instructions:
+            key = (computation.name, instruction.name)
+            before = ""
+            if key in before_names and context.before is not None:
+                s = context.before.instruction(before_names[key]).sharding
+                before = s.text if s else ""
+            frame = user_frame_of(instruction)
+            rows.append({
+                "op": instruction.name, "computation": computation.name, "entry": computation.is_entry,
+                "shape": str(instruction.shape), "before": before,
+                "after": instruction.sharding.text if instruction.sharding else "",
+                "per_device": _per_device(instruction),
+                "source": f"{frame.file}:{frame.line}" if frame else None,
+            })
+    return rows
+
+
+def _per_device(instruction) -> str:
+    from hlo_doctor.graph.sharding import shard_shape
+
+    sharding = instruction.sharding
+    if sharding is None or instruction.shape.is_tuple or sharding.is_tuple:
+        return ""
+    try:
+        return str(list(shard_shape(sharding, instruction.shape.dims)))
+    except ValueError:
+        return "?"
 
 
 @click.command("show")
 @click.argument("dump", metavar="DUMP")
 @click.option("--module", "module_name", default=None, help="Only this module.")
-@click.option("--op", default=None, help="Draw how this op's array splits over the devices.")
-def show_command(dump: str, module_name: str | None, op: str | None) -> None:
+@click.option("--op", default=None,
+              help="Draw how this op's array splits over the devices (a name after propagation, or an "
+                   "after-partitioning name as findings print them).")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def show_command(dump: str, module_name: str | None, op: str | None, output_format: str) -> None:
     """Show each op's shape, shardings, per-device shape and source line."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    from hlo_doctor.graph.sharding import shard_shape
-    from hlo_doctor.graph.source import user_frame_of
     from hlo_doctor.hlo.errors import ParseError
+    from hlo_doctor.report.safe import plain, plain_block
 
-    console = Console()
+    console = Console(highlight=False)
+    documents = []
     try:
         loaded, modules = _load(dump, module_name)
         for dump_module in modules:
             context = load_context(dump_module, loaded.run_record)
             graph = context.graph
             if op is not None:
-                keys = graph.find(op)
-                if not keys:
-                    raise InputError(f"no instruction {op!r} in module {dump_module.name}")
-                instruction = graph.instruction(keys[0])
-                console.print(f"[bold]{dump_module.name}[/bold] %{instruction.name} {instruction.shape}")
-                console.print(render_split(instruction))
+                found = lookup(context, op)
+                if found is None:
+                    if module_name is not None or len(modules) == 1:
+                        raise InputError(f"no instruction {op!r} in module {dump_module.name} "
+                                         "(after propagation or after partitioning)")
+                    continue
+                document = {"module": dump_module.name, "lookup": found.to_json()}
+                if found.partitioned is not None:
+                    twin = dump_module.partitioned().module().computation(found.partitioned[0]).get(found.partitioned[1])
+                    document["after_partitioning"] = {"instruction": twin.name, "shape_per_device": str(twin.shape)}
+                if found.key is not None:
+                    instruction = graph.instruction(found.key)
+                    document.update(instruction=instruction.name, shape=str(instruction.shape),
+                                    sharding=instruction.sharding.text if instruction.sharding else None,
+                                    per_device=_per_device(instruction), split=split_cells(instruction))
+                documents.append(document)
+                if output_format == "text":
+                    console.print(Text(plain(found.note), style="dim"))
+                    if "after_partitioning" in document:
+                        part = document["after_partitioning"]
+                        console.print(Text(plain(f"{dump_module.name} %{part['instruction']} "
+                                                 f"{part['shape_per_device']} per device (after partitioning)")))
+                    if found.key is not None:
+                        console.print(Text.assemble((plain(dump_module.name), "bold"),
+                                                    plain(f" %{document['instruction']} {document['shape']}")))
+                        console.print(Text(plain_block(render_split(instruction))))
                 continue
-            table = Table(title=dump_module.name)
+            rows = _rows(context)
+            documents.append({"module": dump_module.name, "snapshot": dump_module.after_propagation().label,
+                              "ops": rows})
+            if output_format == "json":
+                continue
+            table = Table(title=Text(plain(f"{dump_module.name} ({dump_module.after_propagation().label})")))
             for column in ("op", "shape", "before", "after", "per device", "source"):
                 table.add_column(column, overflow="fold")
-            before_names = {}
-            if context.before_link is not None:
-                before_names = {v: k for k, v in context.before_link.forward.items()}
-            for computation in graph.module.computations:
-                for instruction in computation.instructions:
-                    key = (computation.name, instruction.name)
-                    before = ""
-                    if key in before_names and context.before is not None:
-                        s = context.before.instruction(before_names[key]).sharding
-                        before = s.text if s else ""
-                    sharding = instruction.sharding
-                    per_device = ""
-                    if sharding is not None and not instruction.shape.is_tuple and not sharding.is_tuple:
-                        try:
-                            per_device = str(list(shard_shape(sharding, instruction.shape.dims)))
-                        except ValueError:
-                            per_device = "?"
-                    frame = user_frame_of(instruction)
-                    table.add_row(
-                        f"{computation.name}/{instruction.name}" if not computation.is_entry else instruction.name,
-                        str(instruction.shape), before, sharding.text if sharding else "",
-                        per_device, f"{frame.file.rsplit('/', 1)[-1]}:{frame.line}" if frame else "",
-                    )
+            for row in rows:
+                name = row["op"] if row["entry"] else f"{row['computation']}/{row['op']}"
+                source = row["source"].rsplit("/", 1)[-1] if row["source"] else ""
+                table.add_row(*(Text(plain(cell)) for cell in (name, row["shape"], row["before"], row["after"],
+                                                              row["per_device"], source)))
             console.print(table)
+        if op is not None and not documents:
+            raise InputError(f"no instruction {op!r} in {dump} (after propagation or after partitioning)")
     except (InputError, ParseError, OSError) as error:
         _fail(error)
+    if output_format == "json":
+        click.echo(json.dumps(documents[0] if op is not None and len(documents) == 1 else documents, indent=2))
+
+
+def split_cells(instruction) -> list[dict]:
+    """Which devices hold which slice of each dim: ``[{"slice": ["0:40", "0:1280"], "devices": [0]}, ...]``."""
+    from hlo_doctor.graph.sharding import device_tile_indices, tiles_per_dim
+
+    sharding = instruction.sharding
+    shape = instruction.shape
+    if sharding is None or shape.is_tuple or sharding.is_tuple:
+        return []
+    dims = shape.dims
+    tiles = tiles_per_dim(sharding, len(dims))
+    num = sharding.tile_assignment.num_devices if sharding.tile_assignment else 1
+    cells: dict[tuple[int, ...], list[int]] = {}
+    for device, index in sorted(device_tile_indices(sharding, num, len(dims)).items()):
+        cells.setdefault(index, []).append(device)
+    out = []
+    for index in sorted(cells):
+        ranges = []
+        for size, t, i in zip(dims, tiles, index):
+            step = -(-size // t)
+            ranges.append(f"{i * step}:{min(size, (i + 1) * step)}")
+        out.append({"slice": ranges, "devices": cells[index]})
+    return out
 
 
 def render_split(instruction) -> str:
     """Text picture of which devices hold which slice of each dim, any rank."""
-    from hlo_doctor.graph.sharding import device_tile_indices, tiles_per_dim
+    from hlo_doctor.graph.sharding import tiles_per_dim
 
     sharding = instruction.sharding
     shape = instruction.shape
@@ -254,19 +398,9 @@ def render_split(instruction) -> str:
         return "(no array sharding)"
     dims = shape.dims
     tiles = tiles_per_dim(sharding, len(dims))
-    num = sharding.tile_assignment.num_devices if sharding.tile_assignment else 1
-    indices = device_tile_indices(sharding, num, len(dims))
-    cells: dict[tuple[int, ...], list[int]] = {}
-    for device, index in sorted(indices.items()):
-        cells.setdefault(index, []).append(device)
     lines = [f"dims {list(dims)} split {list(tiles)} ways ({sharding.text})"]
-    for index in sorted(cells):
-        ranges = []
-        for d, (size, t, i) in enumerate(zip(dims, tiles, index)):
-            step = -(-size // t)
-            ranges.append(f"{i * step}:{min(size, (i + 1) * step)}")
-        devices = ",".join(map(str, cells[index]))
-        lines.append(f"  [{', '.join(ranges)}]  -> devices {devices}")
+    for cell in split_cells(instruction):
+        lines.append(f"  [{', '.join(cell['slice'])}]  -> devices {','.join(map(str, cell['devices']))}")
     if len(lines) == 1:
         lines.append("  replicated on every device")
     return "\n".join(lines)

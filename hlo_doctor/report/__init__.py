@@ -1,10 +1,13 @@
 """Output formats, one module each. They only render findings; they never build them.
 
-* :mod:`hlo_doctor.report.text`: rich text for a terminal (the default);
+* :mod:`hlo_doctor.report.text`: concise text for a terminal, ruff style (the default);
 * :mod:`hlo_doctor.report.json`: JSON, schema version 1 (``docs/json-schema-v1.md``);
 * :mod:`hlo_doctor.report.sarif`: SARIF 2.1.0 for code scanning;
 * :mod:`hlo_doctor.report.markdown`: a summary for PR comments and ``$GITHUB_STEP_SUMMARY``;
-* :mod:`hlo_doctor.report.github`: GitHub Actions workflow annotations.
+* :mod:`hlo_doctor.report.github`: GitHub Actions workflow annotations;
+* :mod:`hlo_doctor.report.html`: one self-contained HTML file with pictures.
+
+Text taken from the dump is made safe for each format by :mod:`hlo_doctor.report.safe`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,27 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hlo_doctor.analysis import Report
+    from hlo_doctor.report.source import SourcePolicy
 
-FORMATS = ("text", "json", "sarif", "markdown", "github")
+FORMATS = ("text", "json", "sarif", "markdown", "github", "html")
 
 __all__ = ["FORMATS", "render"]
 
 
-def render(report: Report, output_format: str, *, color: bool | None = None, width: int | None = None) -> str:
-    """``report`` in ``output_format`` (one of :data:`FORMATS`)."""
+def render(
+    report: Report,
+    output_format: str,
+    *,
+    color: bool | None = None,
+    width: int | None = None,
+    quiet: bool = False,
+    sources: SourcePolicy | None = None,
+) -> str:
+    """``report`` in ``output_format`` (one of :data:`FORMATS`).
+
+    ``quiet`` leaves out the text summary; ``sources`` says which source files
+    text and HTML may quote (default: :meth:`SourcePolicy.default`).
+    """
     if output_format == "json":
         from hlo_doctor.report.json import render_json
 
@@ -34,11 +50,21 @@ def render(report: Report, output_format: str, *, color: bool | None = None, wid
 
         registry = discover()
         rules = [registry.rules[rule_id].rule for rule_id in report.rules if rule_id in registry.rules]
-        return render_sarif(report.findings, rules, fingerprints=occurrence_fingerprints(report.findings))
+        if report.baselined is None:
+            return render_sarif(report.findings, rules, fingerprints=occurrence_fingerprints(report.findings))
+        findings = sorted((*report.findings, *report.baselined), key=lambda f: f.sort_key)
+        accepted = {id(f) for f in report.baselined}
+        states = ["unchanged" if id(f) in accepted else "new" for f in findings]
+        return render_sarif(findings, rules, fingerprints=occurrence_fingerprints(findings), baseline_states=states)
     if output_format == "markdown":
         from hlo_doctor.report.markdown import render_markdown
 
-        return render_markdown(report.findings, modules=len(report.modules))
+        baselined = None if report.baselined is None else len(report.baselined)
+        return render_markdown(report.findings, modules=len(report.modules), baselined=baselined)
+    if output_format == "html":
+        from hlo_doctor.report.html import render_html
+
+        return render_html(report, sources=sources)
     if output_format == "github":
         from hlo_doctor.report.github import render_github
 
@@ -50,5 +76,5 @@ def render(report: Report, output_format: str, *, color: bool | None = None, wid
             color = sys.stdout.isatty()
         if width is None:
             width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
-        return render_text(report, color=color, width=width)
+        return render_text(report, color=color, width=width, quiet=quiet, sources=sources)
     raise ValueError(f"unknown format {output_format!r} (choose {', '.join(FORMATS)})")

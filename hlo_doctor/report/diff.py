@@ -1,4 +1,8 @@
-"""Rendering of ``hlo-doctor diff``: text, JSON and Markdown."""
+"""Rendering of ``hlo-doctor diff``: text, JSON and Markdown.
+
+Names from the dumps are made plain in text and escaped in Markdown
+(:mod:`hlo_doctor.report.safe`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 
 from hlo_doctor.gate.diff import DumpDiff
 from hlo_doctor.report.json import finding_to_dict
+from hlo_doctor.report.safe import md_code, md_text, plain_block
 from hlo_doctor.units import format_bytes
 
 
@@ -95,7 +100,7 @@ def render_diff_text(diff: DumpDiff) -> str:
     )
     for error in diff.errors:
         lines.append(f"error: {error}")
-    return "\n".join(lines) + "\n"
+    return plain_block("\n".join(lines)) + "\n"
 
 
 def render_diff_markdown(diff: DumpDiff) -> str:
@@ -105,22 +110,25 @@ def render_diff_markdown(diff: DumpDiff) -> str:
         "",
     ]
     for m in diff.modules:
-        lines += [f"**{m.name}**", "", "| collective | count | bytes/device | cross-host bytes |", "| --- | --- | --- | --- |"]
+        lines += [f"**{md_text(m.name)}**", "", "| collective | count | bytes/device | cross-host bytes |", "| --- | --- | --- | --- |"]
         for kind, (b, a) in m.collectives.items():
             lines.append(
-                f"| `{kind}` | {b.count} → {a.count} | {format_bytes(b.bytes_per_device)} → {format_bytes(a.bytes_per_device)} "
+                f"| {md_code(kind, in_table=True)} | {b.count} → {a.count} | {format_bytes(b.bytes_per_device)} → {format_bytes(a.bytes_per_device)} "
                 f"({_pct(b.bytes_per_device, a.bytes_per_device)}) | {format_bytes(b.cross_host_bytes)} → {format_bytes(a.cross_host_bytes)} |"
             )
         lines.append("")
         for detail in m.collectives_removed:
-            lines.append(f"- removed {detail.describe()}")
+            lines.append(f"- removed {md_text(detail.describe())}")
         for detail in m.collectives_added:
-            lines.append(f"- added {detail.describe()}")
+            lines.append(f"- added {md_text(detail.describe())}")
         for finding in m.added:
-            lines.append(f"- :new: `{finding.rule}` `{finding.instruction or ''}`: {finding.message}")
+            lines.append(f"- :new: {md_code(finding.rule)} {md_code(finding.instruction or '')}: "
+                         f"{md_text(finding.message)}")
         for finding in m.removed:
-            lines.append(f"- :heavy_check_mark: fixed `{finding.rule}` `{finding.instruction or ''}`: {finding.message}")
+            lines.append(f"- :heavy_check_mark: fixed {md_code(finding.rule)} {md_code(finding.instruction or '')}: "
+                         f"{md_text(finding.message)}")
         for p in m.parameters:
-            lines.append(f"- parameter {p.number} `{p.name}` `{p.shape}`: `{p.before}` → `{p.after}`")
+            lines.append(f"- parameter {p.number} {md_code(p.name)} {md_code(p.shape)}: {md_code(p.before)} → "
+                         f"{md_code(p.after)}")
         lines.append("")
     return "\n".join(lines)

@@ -9,17 +9,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hlo_doctor.report.paths import relative_path
+from hlo_doctor.report.safe import plain, plain_block
 from hlo_doctor.rules.base import Finding, Severity
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
 
 def _escape_data(text: str) -> str:
+    text = plain_block(text)
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+    return _escape_data(plain(text)).replace(":", "%3A").replace(",", "%2C")
 
 
 def annotation(finding: Finding) -> str:

@@ -1,6 +1,7 @@
 """SARIF 2.1.0 output, for GitHub code scanning and other SARIF viewers.
 
-Each result sits at the user's source ``file:line`` when the dump knows it,
+Text a viewer shows (messages, names) is made plain (no control
+characters); each result sits at the user's source ``file:line`` when the dump knows it,
 so code-scanning UIs annotate the Python line; otherwise at the dump's
 ``file:line``. The dump location is always kept as a related location.
 ``tool.driver.rules`` carries every selected rule's id, short and full
@@ -16,6 +17,7 @@ from typing import Any
 
 from hlo_doctor import __version__
 from hlo_doctor.report.paths import relative_path
+from hlo_doctor.report.safe import plain
 from hlo_doctor.rules.base import Finding, Rule, Severity
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -30,8 +32,12 @@ def sarif_log(
     *,
     fingerprints: Sequence[str] | None = None,
     base: Path | None = None,
+    baseline_states: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The SARIF log as a JSON-ready dict.
+
+    ``baseline_states`` (parallel to ``findings``, when a baseline was applied)
+    become each result's ``baselineState``: ``"new"`` or ``"unchanged"``.
 
     ``fingerprints`` (parallel to ``findings``) become ``partialFingerprints``
     so code scanning tracks a finding across recompiles. Paths under ``base``
@@ -48,7 +54,7 @@ def sarif_log(
             "message": {"text": _message(finding)},
             "locations": [_primary_location(finding, base)],
             "properties": {
-                "module": finding.module,
+                "module": plain(finding.module),
                 "evidence": _jsonable(finding.evidence),
             },
         }
@@ -59,6 +65,8 @@ def sarif_log(
             result["relatedLocations"] = [dict(dump_location, id=1)]
         if fingerprints is not None:
             result["partialFingerprints"] = {"hloDoctorFinding/v1": fingerprints[position]}
+        if baseline_states is not None:
+            result["baselineState"] = baseline_states[position]
         if finding.suggestion is not None:
             result["properties"]["suggestion"] = {
                 "summary": finding.suggestion.summary,
@@ -113,12 +121,13 @@ def _first_paragraph(doc: str) -> str:
 
 
 def _message(finding: Finding) -> str:
+    """The result's text, with no control character (viewers print it as it is)."""
     text = finding.message
     if finding.instruction:
         text = f"{text} [{finding.module}: {finding.instruction}]"
     if finding.suggestion is not None:
         text += f" Fix: {finding.suggestion.summary}"
-    return text
+    return plain(text)
 
 
 def _uri(path: str, base: Path) -> str:
@@ -138,7 +147,7 @@ def _dump_location(finding: Finding, base: Path) -> dict[str, Any] | None:
     if finding.file is None:
         return None
     location = _location(finding.file, finding.line, base)
-    location["message"] = {"text": f"HLO: {finding.instruction or finding.module}"}
+    location["message"] = {"text": plain(f"HLO: {finding.instruction or finding.module}")}
     return location
 
 
@@ -152,8 +161,8 @@ def _primary_location(finding: Finding, base: Path) -> dict[str, Any]:
     if finding.instruction:
         location["logicalLocations"] = [
             {
-                "name": finding.instruction,
-                "fullyQualifiedName": f"{finding.module}/{finding.instruction}",
+                "name": plain(finding.instruction),
+                "fullyQualifiedName": plain(f"{finding.module}/{finding.instruction}"),
                 "kind": "member",
             }
         ]

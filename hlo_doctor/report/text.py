@@ -1,165 +1,244 @@
-"""The text report (rich): a summary table, then one panel per finding."""
+"""The text report, concise the way ruff's is.
+
+Per finding::
+
+    train.py:49:9: warning non-batch-dim-sharding dot dot_general.0 (f32[160,960]) leaves ...
+       |
+    48 |     def mlp(x, w1, b1, w2, b2):
+    49 |         h = x @ w1.T + b1
+       |         ^^^^^^^^^^^^^^^^^
+    50 |         if args.variant == "fixed":
+       |
+      fix: Constrain the output of dot_general.0 ... (JAX)
+        h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))
+      bytes: 600 KiB per device
+
+The fix is given for the framework the dump came from, or for both when
+that is unknown. ``verbose`` adds the dump location, the HLO line and the
+evidence table. The summary names only the rules that found something,
+says how many rules ran, and gives one "not judged" line per rule that
+could not run, with the reason. Everything taken from the dump is made
+plain (:mod:`hlo_doctor.report.safe`) before it is printed.
+"""
 
 from __future__ import annotations
 
-import io
 import linecache
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.syntax import Syntax
-from rich.table import Table
-from rich.text import Text
-
-from hlo_doctor.report.paths import local_path, relative_path
-from hlo_doctor.rules.base import Finding, Severity
+from hlo_doctor.report.paths import relative_path
+from hlo_doctor.report.safe import plain
+from hlo_doctor.report.source import SourcePolicy, source_lines
+from hlo_doctor.rules.base import Finding, Severity, Suggestion
+from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
     from hlo_doctor.analysis import Report
 
-__all__ = ["print_text", "render_text"]
+__all__ = ["bytes_line", "fixes_for", "render_statistics", "render_text"]
 
-_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
-_CONTEXT = 2
+_COLORS = {Severity.ERROR: "1;31", Severity.WARNING: "33", Severity.INFO: "36"}
 _HLO_WIDTH = 240
+_FRAMEWORK_LABELS = (("jax", "JAX"), ("torch_xla", "torch_xla"))
 
 
-def render_text(report: Report, *, color: bool = False, width: int = 100) -> str:
-    """The report as text (ANSI colours only when ``color``)."""
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=color, color_system="standard" if color else None,
-                      highlight=False, soft_wrap=False)
-    print_text(report, console)
-    return buffer.getvalue()
+class _Style:
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color and text else text
 
 
-def print_text(report: Report, console: Console) -> None:
-    console.print(_summary(report))
-    for finding in report.findings:
-        console.print(_panel(finding))
-    if report.verbose and report.skipped:
-        table = Table(title="Rules that did not judge a module", title_justify="left", show_edge=False)
-        table.add_column("rule")
-        table.add_column("module")
-        table.add_column("why")
-        for skip in report.skipped:
-            table.add_row(skip.rule, skip.module, skip.reason)
-        console.print(table)
-    for error in report.errors:
-        console.print(Text(f"error: {error.path}: {error.message}", style="red"))
-    counts = Counter(f.severity for f in report.findings)
-    if report.findings:
-        parts = [f"{counts[s]} {s.value}{'s' if counts[s] != 1 else ''}" for s in Severity if counts[s]]
-        console.print(Text(f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''} "
-                           f"({', '.join(parts)}) in {len(report.modules)} module"
-                           f"{'s' if len(report.modules) != 1 else ''}", style="bold"))
-    else:
-        console.print(Text(f"no findings in {len(report.modules)} module{'s' if len(report.modules) != 1 else ''} "
-                           f"({len(report.rules)} rules)", style="bold green"))
+def render_text(
+    report: Report,
+    *,
+    color: bool = False,
+    width: int = 100,
+    quiet: bool = False,
+    sources: SourcePolicy | None = None,
+) -> str:
+    """The report as text (ANSI colours only when ``color``); ``quiet`` leaves out the summary.
+
+    ``width`` is accepted for callers of the earlier, wrapped format; lines are not wrapped.
+    """
+    style = _Style(color)
+    sources = sources or SourcePolicy.default(report.program)
+    frameworks = {module.key: module.framework for module in report.modules}
+    blocks = [_finding(finding, frameworks.get(finding.module), report.verbose, sources, style)
+              for finding in report.findings]
+    if not quiet:
+        blocks.append(_summary(report, style))
+    return "\n".join(blocks)
 
 
-def _summary(report: Report) -> Group:
-    modules = Table(title=f"hlo-doctor {report.tool_version}: {relative_path(report.dump)}", title_justify="left",
-                    show_edge=False)
-    modules.add_column("module")
-    modules.add_column("partitioner")
-    modules.add_column("partitions", justify="right")
-    modules.add_column("collectives (count, bytes per device)")
-    for module in report.modules:
-        collectives = ", ".join(
-            f"{kind} x{count} {_bytes(nbytes)}" for kind, (count, nbytes) in module.collectives.items()
-        ) or "none"
-        modules.add_row(module.key, module.partitioner, str(module.num_partitions or "?"), collectives)
-    by_rule = Counter(f.rule for f in report.findings)
-    rules = Table(show_edge=False)
-    rules.add_column("rule")
-    rules.add_column("findings", justify="right")
-    for rule_id in sorted(set(report.rules) | set(by_rule)):
-        rules.add_row(rule_id, str(by_rule.get(rule_id, 0)))
-    return Group(modules, Text(""), rules, Text(""))
+def render_statistics(report: Report) -> str:
+    """Counts per rule (``--statistics``), most frequent first."""
+    counts = Counter((f.rule, f.severity.value) for f in report.findings)
+    rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    width = max((len(str(count)) for _, count in rows), default=1)
+    rule_width = max((len(rule) for (rule, _), _ in rows), default=0)
+    lines = [f"{count:>{width}}  {rule:<{rule_width}}  {severity}" for (rule, severity), count in rows]
+    lines.append(_found_line(report))
+    return "\n".join(lines) + "\n"
 
 
-def _panel(finding: Finding) -> Panel:
-    parts: list = [Text(finding.message)]
-    where = []
-    if finding.source is not None:
-        function = f" in {finding.source.function}" if finding.source.function else ""
-        where.append(f"source: {relative_path(finding.source.file)}:{finding.source.line}{function}")
-    if finding.file is not None:
-        instruction = f" ({finding.instruction})" if finding.instruction else ""
-        where.append(f"dump:   {relative_path(finding.file)}:{finding.line}{instruction}")
-    if where:
-        parts.append(Text("\n".join(where), style="dim"))
-    source = _source_excerpt(finding)
-    if source is not None:
-        parts.append(source)
-    hlo = _hlo_excerpt(finding)
-    if hlo is not None:
-        parts.append(hlo)
-    if finding.related:
-        parts.append(Text("related: " + ", ".join(finding.related), style="dim"))
-    if finding.evidence:
-        evidence = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
-        evidence.add_column(style="dim")
-        evidence.add_column()
-        for key, value in finding.evidence.items():
-            evidence.add_row(key, _value(value))
-        parts.append(evidence)
-    if finding.suggestion is not None:
-        parts.append(Text("fix: " + finding.suggestion.summary, style="green"))
-        for label, code in (("JAX", finding.suggestion.jax), ("torch_xla", finding.suggestion.torch_xla)):
-            if code:
-                parts.append(Text(f"# {label}", style="dim"))
-                parts.append(Syntax(code, "python", theme="ansi_dark", background_color="default", word_wrap=True))
-    title = Text.assemble((finding.rule, "bold"), " ", (finding.severity.value, _STYLES[finding.severity]),
-                          f"  {finding.module}")
-    return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLES[finding.severity])
+# -- one finding -------------------------------------------------------------
 
 
-def _source_excerpt(finding: Finding) -> Syntax | None:
-    """The user's source line with context, when the file exists here."""
+def _finding(finding: Finding, framework: str | None, verbose: bool, sources: SourcePolicy, style: _Style) -> str:
     source = finding.source
-    if source is None:
-        return None
-    found = local_path(source.file)
-    if found is None:
-        return None
-    path = str(found)
+    frame = source_lines(source.file, source.line, sources) if source is not None else None
+    lines = [_header(finding, frame, style)]
+    if frame and source is not None:
+        lines += _code_frame(frame, source.line, style)
+    if verbose:
+        lines += _verbose_details(finding, style)
+    if finding.suggestion is not None:
+        lines += _fix(finding, framework, style)
+    moved = bytes_line(finding)
+    if moved:
+        lines.append(f"  {style('bytes:', '1')} {moved}")
+    return "\n".join(lines) + "\n"
+
+
+def _header(finding: Finding, frame: list[tuple[int, str]] | None, style: _Style) -> str:
+    if finding.source is not None:
+        column = _column(frame, finding.source.line)
+        where = f"{plain(relative_path(finding.source.file))}:{finding.source.line}:{column}"
+    elif finding.file is not None:
+        where = f"{plain(relative_path(finding.file))}:{finding.line or 1}:1"
+    else:
+        where = plain(finding.module)
+    severity = style(finding.severity.value, _COLORS[finding.severity])
+    return f"{style(where, '1')}: {severity} {style(finding.rule, '1;35')} {plain(finding.message)}"
+
+
+def _column(frame: list[tuple[int, str]] | None, line: int) -> int:
+    """1-based column of the line's first character that is not a space (1 when the line is not shown)."""
+    for number, text in frame or ():
+        if number == line and text.strip():
+            return len(text) - len(text.lstrip()) + 1
+    return 1
+
+
+def _code_frame(frame: list[tuple[int, str]], line: int, style: _Style) -> list[str]:
+    gutter = len(str(frame[-1][0]))
+    bar = style(" " * gutter + " |", "34")
+    out = [bar]
+    for number, text in frame:
+        out.append(style(f"{number:>{gutter}} |", "34") + (f" {text}" if text else ""))
+        if number == line and text.strip():
+            indent = len(text) - len(text.lstrip())
+            out.append(bar + " " + " " * indent + style("^" * len(text.strip()), _COLORS[Severity.ERROR]))
+    out.append(bar)
+    return out
+
+
+def _fix(finding: Finding, framework: str | None, style: _Style) -> list[str]:
+    suggestion = finding.suggestion
+    assert suggestion is not None
+    chosen = fixes_for(suggestion, framework)
+    title = f"  {style('fix:', '1;32')} {plain(suggestion.summary)}"
+    if len(chosen) == 1:
+        title += f" ({chosen[0][0]})"
+    lines = [title]
+    for label, code in chosen:
+        if len(chosen) > 1:
+            lines.append(style(f"    # {label}", "2"))
+        lines += [f"    {plain(line)}" for line in code.splitlines()]
+    return lines
+
+
+def fixes_for(suggestion: Suggestion, framework: str | None) -> list[tuple[str, str]]:
+    """(label, code) of the suggestion's fix in ``framework`` (``jax``/``torch_xla``), or of every
+    framework it has when that is unknown or has no code."""
+    codes = [(label, getattr(suggestion, key)) for key, label in _FRAMEWORK_LABELS if getattr(suggestion, key)]
+    chosen = [(label, code) for label, code in codes if framework is None or label.lower() == framework.lower()]
+    return chosen or codes
+
+
+def bytes_line(finding: Finding) -> str:
+    """The finding's byte counts on one line (``in 200 KiB, out 800 KiB, wire 600 KiB per device``), or ''.
+
+    When some counts are per device, only those are given.
+    """
+    counts = {key: value for key, value in finding.evidence.items()
+              if "bytes" in key and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    per_device = {key: value for key, value in counts.items() if key.endswith("_per_device")}
+    parts = []
+    for key, value in (per_device or counts).items():
+        label = key.removesuffix("_per_device").replace("bytes", "").strip("_").replace("_", " ")
+        parts.append(f"{plain(label)} {format_bytes(value)}" if label else format_bytes(value))
+    return ", ".join(parts) + (" per device" if per_device and parts else "")
+
+
+def _verbose_details(finding: Finding, style: _Style) -> list[str]:
     lines = []
-    first = max(1, source.line - _CONTEXT)
-    for number in range(first, source.line + _CONTEXT + 1):
-        text = linecache.getline(path, number)
-        if not text and number <= source.line:
-            return None
-        if text:
-            lines.append(text.rstrip("\n"))
-    if not lines:
-        return None
-    return Syntax("\n".join(lines), "python", line_numbers=True, start_line=first,
-                  highlight_lines={source.line}, theme="ansi_dark", background_color="default", word_wrap=True)
-
-
-def _hlo_excerpt(finding: Finding) -> Text | None:
-    if finding.file is None or finding.line is None:
-        return None
-    text = linecache.getline(finding.file, finding.line).strip()
-    if not text:
-        return None
-    if len(text) > _HLO_WIDTH:
-        text = text[: _HLO_WIDTH - 3] + "..."
-    return Text(text, style="cyan", overflow="fold")
+    if finding.file is not None:
+        name = f" %{plain(finding.instruction)}" if finding.instruction else ""
+        lines.append(f"  {style('dump:', '2')} {plain(relative_path(finding.file))}:{finding.line}{name} "
+                     f"({plain(finding.module)})")
+        hlo = linecache.getline(finding.file, finding.line).strip() if finding.line else ""
+        if hlo:
+            hlo = plain(hlo)
+            if len(hlo) > _HLO_WIDTH:
+                hlo = hlo[: _HLO_WIDTH - 3] + "..."
+            lines.append(f"    {style(hlo, '36')}")
+    if finding.related:
+        lines.append(f"  {style('related:', '2')} {', '.join(plain(name) for name in finding.related)}")
+    if finding.evidence:
+        width = max(len(key) for key in finding.evidence)
+        lines.append(f"  {style('evidence:', '2')}")
+        lines += [f"    {plain(key):<{width}}  {_value(value)}" for key, value in finding.evidence.items()]
+    return lines
 
 
 def _value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return plain(value)
 
 
-def _bytes(nbytes: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{nbytes} B"
+# -- summary -----------------------------------------------------------------
+
+
+def _summary(report: Report, style: _Style) -> str:
+    lines = []
+    if report.verbose:
+        for module in report.modules:
+            collectives = ", ".join(f"{kind} x{count} {format_bytes(nbytes)}"
+                                    for kind, (count, nbytes) in module.collectives.items()) or "no collectives"
+            lines.append(f"module {plain(module.key)} ({module.partitioner}, "
+                         f"{module.num_partitions or '?'} partitions): {collectives}")
+    for error in report.errors:
+        lines.append(style(f"error: {plain(relative_path(error.path))}: {plain(error.message)}", "31"))
+    lines.append(style(_found_line(report), "1"))
+    count = len(report.rules)
+    lines.append(f"{count} rule{'s' if count != 1 else ''} ran")
+    for rule, reason, modules in _not_judged(report):
+        where = f" in {modules} modules" if modules > 1 else ""
+        lines.append(style(f"not judged: {rule}{where}: {plain(reason)}", "33"))
+    if report.baselined:
+        count = len(report.baselined)
+        lines.append(f"{count} finding{'s' if count != 1 else ''} accepted by the baseline (not shown)")
+    return "\n".join(lines) + "\n"
+
+
+def _found_line(report: Report) -> str:
+    modules = f"{len(report.modules)} module{'s' if len(report.modules) != 1 else ''}"
+    if not report.findings:
+        return f"no findings in {modules}"
+    severities = Counter(f.severity for f in report.findings)
+    kinds = ", ".join(f"{severities[s]} {s.value}{'s' if severities[s] != 1 else ''}" for s in Severity if severities[s])
+    rules = Counter(f.rule for f in report.findings)
+    per_rule = ", ".join(f"{rule} {count}" for rule, count in sorted(rules.items()))
+    total = len(report.findings)
+    return f"found {total} finding{'s' if total != 1 else ''} ({kinds}) in {modules}: {per_rule}"
+
+
+def _not_judged(report: Report) -> list[tuple[str, str, int]]:
+    """(rule, reason, how many modules) per rule and reason, in rule order."""
+    counts = Counter((skip.rule, skip.reason) for skip in report.skipped)
+    return [(rule, reason, count) for (rule, reason), count in sorted(counts.items())]

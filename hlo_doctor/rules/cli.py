@@ -9,11 +9,9 @@ import click
 from hlo_doctor.cli_common import (
     analysis_options,
     effective_config,
-    emit,
     ids,
     input_errors_exit_2,
     load_rules,
-    run_analysis,
     strict_plugins_option,
 )
 
@@ -22,8 +20,8 @@ from hlo_doctor.cli_common import (
 @click.argument("dump", metavar="DUMP")
 @analysis_options
 @input_errors_exit_2
-def analyze_command(dump, output_format, output, devices_per_host, hardware, select, ignore, config_file, verbose,
-                    jobs, strict_plugins):
+def analyze_command(dump, devices_per_host, hardware, select, ignore, config_file, verbose, jobs, strict_plugins,
+                    **output):
     """Analyze an XLA dump folder (or one HLO file) and report sharding problems.
 
     Exits 0 when the analysis ran, whatever it found; 2 when the input cannot be
@@ -35,16 +33,19 @@ def analyze_command(dump, output_format, output, devices_per_host, hardware, sel
       hlo-doctor analyze ./dump
       hlo-doctor analyze ./dump --format json --select uneven-sharding-padding
       hlo-doctor analyze ./dump --hardware h100 --devices-per-host 8
+      hlo-doctor analyze ./dump --format html -o report.html
     """
-    from hlo_doctor.report import render
+    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
 
+    out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)
-    config = effective_config(
-        config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
-        hardware=hardware,
-    )
-    report = run_analysis(dump, config, verbose, registry, jobs)
-    emit(render(report, output_format, color=None if output is None else False), output)
+    with failures_as_json(dump, out):
+        config = effective_config(
+            config_file, registry, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host,
+            hardware=hardware,
+        )
+        report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
+    write_report(report, out)
 
 
 @click.command("rules")

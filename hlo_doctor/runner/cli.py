@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from hlo_doctor.runner.detect import FrameworkError
+from hlo_doctor.runner.detect import FrameworkError, detect_framework
+from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
 from hlo_doctor.runner.run import RunError, RunResult, run_example, run_script
 from hlo_doctor.runner.targets import TargetError, parse_target, target_names
 
@@ -26,6 +27,14 @@ def _split_command(command: tuple[str, ...]) -> tuple[str | None, str, list[str]
             raise click.UsageError("expected `python SCRIPT [ARGS...]` after `--`")
         return first, rest[0], rest[1:]
     return None, first, rest
+
+
+def _detected(script: str) -> str | None:
+    """The script's framework from its imports, or None (the run then says what is wrong)."""
+    try:
+        return detect_framework(script)
+    except (FrameworkError, OSError):
+        return None
 
 
 def _default_dump_dir(stem: str) -> Path:
@@ -110,6 +119,7 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
 
             entry = get_example(example)
             framework = framework or entry.frameworks[0]
+            require_extras(extras_for(framework, gpu_target=gpu_target is not None))
             result = run_example(
                 example, framework=framework, variant=variant or entry.variants[0],
                 dump_dir=dump_dir or _default_dump_dir(example), partitioner=partitioner,
@@ -121,6 +131,8 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
             if variant is not None:
                 raise click.UsageError("--variant needs --example")
             python, script, args = _split_command(command)
+            used = "jax" if gpu_target is not None else framework or _detected(script)
+            require_extras(extras_for(used, gpu_target=gpu_target is not None), python)
             result = run_script(
                 script, args, dump_dir=dump_dir or _default_dump_dir(Path(script).stem),
                 framework="jax" if gpu_target is not None else framework, devices=devices,
@@ -130,6 +142,9 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
     except RunError as error:
         click.echo(f"error: {error}; last lines of its stderr:", err=True)
         click.echo(error.format_tail(), err=True)
+        sys.exit(2)
+    except MissingExtra as error:
+        click.echo(f"error: {error}", err=True)
         sys.exit(2)
     except (FrameworkError, ValueError, FileNotFoundError) as error:
         raise click.UsageError(str(error)) from None
@@ -148,8 +163,13 @@ def examples_command():
 
     width = max(len(e.name) for e in EXAMPLES)
     for e in EXAMPLES:
-        frameworks = ",".join(f.replace("_", "-") for f in e.frameworks)
         click.echo(
-            f"{e.name:<{width}}  {'/'.join(e.variants):<9}  {e.devices} dev  "
-            f"{frameworks:<13}  {e.description}"
+            f"{e.name:<{width}}  {'/'.join(e.variants):<9}  {str(e.devices) + ' dev':<6}  "
+            f"{example_needs(e):<24}  {e.description}"
         )
+
+
+def example_needs(example) -> str:
+    """The extras an example needs: one per framework (``jax | torch-xla``), ``+gpu-target`` for a GPU-only one."""
+    needs = " | ".join("+".join(extras_for(f, gpu_target=example.target_only)) for f in example.frameworks)
+    return f"needs {needs}"

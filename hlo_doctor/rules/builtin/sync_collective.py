@@ -161,10 +161,10 @@ class SyncCollective(Rule):
     layer's all-gather early (FSDP prefetch), or split the computation.
 
     ```python
-    # JAX (GPU): drop --xla_gpu_disable_async_collectives from XLA_FLAGS and keep
-    os.environ["XLA_FLAGS"] += " --xla_gpu_enable_latency_hiding_scheduler=true"
-    # torch_xla (GPU): the same XLA_FLAGS apply
-    os.environ["XLA_FLAGS"] = "--xla_gpu_enable_latency_hiding_scheduler=true"
+    # JAX or torch_xla (GPU): drop --xla_gpu_disable_async_collectives from XLA_FLAGS, or
+    # append the flags that turn overlap back on (the last value of a flag wins), keeping the others:
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_latency_hiding_scheduler=true"
+    # in a shell: XLA_FLAGS="$XLA_FLAGS --xla_gpu_enable_latency_hiding_scheduler=true" python train.py
     ```
 
     **Options**
@@ -297,8 +297,8 @@ class SyncCollective(Rule):
             suggestion=Suggestion(
                 summary=("Let the latency-hiding scheduler overlap it: keep async collectives on, and issue the "
                          "collective earlier or give it independent work (e.g. prefetch the next layer's all-gather)."),
-                jax='os.environ["XLA_FLAGS"] = "--xla_gpu_enable_latency_hiding_scheduler=true"',
-                torch_xla='os.environ["XLA_FLAGS"] = "--xla_gpu_enable_latency_hiding_scheduler=true"',
+                jax=_APPEND.format(flags="--xla_gpu_enable_latency_hiding_scheduler=true"),
+                torch_xla=_APPEND.format(flags="--xla_gpu_enable_latency_hiding_scheduler=true"),
             ),
             evidence={
                 "cause": "schedule",
@@ -358,6 +358,11 @@ def _flag_text(value: object) -> str:
     return str(value)
 
 
+# The fix adds flags to XLA_FLAGS, keeping the others (a flag's last value wins).
+_APPEND = ('os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " {flags}"\n'
+           '# in a shell: XLA_FLAGS="$XLA_FLAGS {flags}" python train.py')
+
+
 def _flag_suggestion(flags: list[_Flag]) -> Suggestion:
     spelled = " ".join(f.spelled for f in flags)
     fixes = []
@@ -366,7 +371,7 @@ def _flag_suggestion(flags: list[_Flag]) -> Suggestion:
             fixes.append(f"--{flag.name}=")
         else:
             fixes.append(f"--{flag.name}=true")
-    code = f'os.environ["XLA_FLAGS"] = "{" ".join(fixes)}"  # or drop them: async is the default'
+    code = _APPEND.format(flags=" ".join(fixes)) + "\n# or remove the flags: async collectives are the default"
     return Suggestion(summary=f"Remove {spelled} from XLA_FLAGS so collectives run asynchronously and overlap "
                               "compute.",
                       jax=code, torch_xla=code)
