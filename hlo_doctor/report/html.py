@@ -40,29 +40,20 @@ _NEIGHBOURS = 12
 
 
 def module_inventory(ctx: RuleContext | None) -> list[dict[str, Any]] | None:
-    """The module's communication inventory: one plain dict per collective, keys :data:`INVENTORY_KEYS`.
+    """The module's communication inventory (``hlo-doctor collectives``): one dict per collective.
 
-    For now built from ``ctx.collectives`` with the role and phase unknown;
-    the collective-semantics layer replaces this body (and nothing else).
-    None when the module has no per-device snapshot to read collectives from.
+    Keys :data:`INVENTORY_KEYS`, roles and phases from the analysis layer
+    (:mod:`hlo_doctor.semantics`). None when the module has no per-device snapshot.
     """
     if ctx is None or ctx.per_device is None:
         return None
-    from hlo_doctor.rules.context import user_frame
+    from hlo_doctor.semantics.inventory import module_rows
 
-    rows = []
-    for op in ctx.collectives:
-        location = op.source
-        frame = user_frame(location)[0] if location is not None else None
-        rows.append({
-            "instruction": op.instruction, "kind": op.kind, "role": "unknown", "phase": "unknown",
-            "parameters": [], "axes": list(op.mesh_axes or ()), "group_size": op.group_size,
-            "crosses_hosts": op.crosses_hosts,
-            "bytes_per_device": max(op.bytes_in_per_device, op.bytes_out_per_device),
-            "executions": ctx.executions.get(op.computation, 1),
-            "source": f"{relative_path(frame.file)}:{frame.line}" if frame is not None else None, "reason": None,
-        })
-    return rows
+    def source_of(instruction):  # noqa: ANN001, ANN202
+        frame, _ = ctx.user_source(instruction)
+        return f"{relative_path(frame.file)}:{frame.line}" if frame is not None else None
+
+    return [row.as_json() for row in module_rows(ctx.semantics, source_of)]
 
 
 def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
