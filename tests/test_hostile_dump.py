@@ -78,7 +78,7 @@ def without_code_spans(markdown: str) -> str:
 def test_the_dump_is_hostile_and_still_analyzed(dump):
     data = json.loads(run("analyze", str(dump), "--format", "json"))
     assert [m["name"] for m in data["modules"]] == [MODULE]  # the names really are hostile
-    assert len(data["findings"]) == 3
+    assert len(data["findings"]) == 1 and len(data["findings"][0]["related"]) >= 2
     assert any(SOURCE in (f["source"] or {}).get("file", "") for f in data["findings"])
     assert any(f["op_name"] == OP_NAME for f in data["findings"])
 

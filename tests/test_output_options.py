@@ -17,6 +17,9 @@ from hlo_doctor.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "fixtures" / "fsdp-activation-gather" / "jax-shardy-bad"
+# Two findings of two rules with different causes: the padded vocab dim, and the vocab-parallel
+# all-reduces over all 8 devices, which cross hosts of 4.
+TWO_CAUSES = (str(ROOT / "fixtures" / "uneven-padding" / "jax-shardy-bad"), "--devices-per-host", "4")
 SARIF_SCHEMA = ROOT.parent / "shared" / "schemas" / "sarif-2.1.0.json"
 BUILTIN = ("--ignore", "expert-weights-not-expert-sharded")  # a plugin the test venv may have installed
 
@@ -93,27 +96,27 @@ def test_missing_baseline_says_how_to_create_one(tmp_path):
 
 @pytest.fixture
 def partial_baseline(tmp_path) -> Path:
-    """A baseline holding the seed's activation-all-gather findings only (2 of its 3)."""
+    """A baseline holding the uneven-sharding-padding finding only (1 of the dump's 2)."""
     path = tmp_path / "baseline.json"
-    assert run("check", str(SEED), "--select", "activation-all-gather", "--write-baseline", str(path)).exit_code == 0
+    assert run("check", *TWO_CAUSES, "--select", "uneven-sharding-padding",
+               "--write-baseline", str(path)).exit_code == 0
     return path
 
 
 def test_baselined_findings_are_counted_in_text_and_markdown(partial_baseline):
-    text = run("check", str(SEED), *BUILTIN, "--baseline", str(partial_baseline))
-    assert text.exit_code == 1  # the non-batch-dim-sharding finding is new
-    assert "2 findings accepted by the baseline (not shown)" in text.stdout
-    assert "found 1 finding (1 warning) in 1 module: non-batch-dim-sharding 1" in text.stdout
-    markdown = run("check", str(SEED), *BUILTIN, "--baseline", str(partial_baseline), "--format", "markdown").stdout
-    assert markdown.startswith("### hlo-doctor: 1 new finding in 1 module (1 warning), 2 accepted by the baseline")
+    text = run("check", *TWO_CAUSES, *BUILTIN, "--baseline", str(partial_baseline))
+    assert text.exit_code == 1  # the cross-host-tensor-parallel finding is new
+    assert "1 finding accepted by the baseline (not shown)" in text.stdout
+    assert "found 1 finding (1 warning) in 1 module: cross-host-tensor-parallel 1" in text.stdout
+    markdown = run("check", *TWO_CAUSES, *BUILTIN, "--baseline", str(partial_baseline), "--format", "markdown").stdout
+    assert markdown.startswith("### hlo-doctor: 1 new finding in 1 module (1 warning), 1 accepted by the baseline")
 
 
 def test_sarif_marks_new_and_unchanged_results(partial_baseline):
-    result = run("check", str(SEED), *BUILTIN, "--baseline", str(partial_baseline), "--format", "sarif")
+    result = run("check", *TWO_CAUSES, *BUILTIN, "--baseline", str(partial_baseline), "--format", "sarif")
     log = json.loads(result.stdout)
     states = sorted((r["ruleId"], r["baselineState"]) for r in log["runs"][0]["results"])
-    assert states == [("activation-all-gather", "unchanged"), ("activation-all-gather", "unchanged"),
-                      ("non-batch-dim-sharding", "new")]
+    assert states == [("cross-host-tensor-parallel", "new"), ("uneven-sharding-padding", "unchanged")]
     if SARIF_SCHEMA.is_file():
         jsonschema = pytest.importorskip("jsonschema")
         jsonschema.Draft4Validator(json.loads(SARIF_SCHEMA.read_text())).validate(log)
@@ -169,22 +172,22 @@ def test_exit_zero_keeps_check_green_but_not_on_bad_input():
 def test_quiet_prints_findings_only():
     loud, quiet = run("check", str(SEED)), run("check", str(SEED), "--quiet")
     assert "rules ran" in loud.stdout and "at or above" in loud.stderr
-    assert "rules ran" not in quiet.stdout and "found 3 findings" not in quiet.stdout and quiet.stderr == ""
-    assert quiet.stdout.count(": warning ") == 3 and quiet.exit_code == 1
+    assert "rules ran" not in quiet.stdout and "found 1 finding" not in quiet.stdout and quiet.stderr == ""
+    assert quiet.stdout.count(": warning ") == 1 and quiet.exit_code == 1
 
 
 def test_statistics_counts_per_rule():
-    result = run("analyze", str(SEED), "--statistics")
+    result = run("analyze", *TWO_CAUSES, "--statistics")
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["2", "activation-all-gather", "warning"]
-    assert lines[1].split() == ["1", "non-batch-dim-sharding", "warning"]
+    assert lines[0].split() == ["1", "cross-host-tensor-parallel", "warning"]
+    assert lines[1].split() == ["1", "uneven-sharding-padding", "warning"]
     assert run("analyze", str(SEED), "--statistics", "--format", "json").exit_code == 2
 
 
 def test_summary_names_only_rules_with_findings_and_what_was_not_judged():
-    out = run("analyze", str(SEED), *BUILTIN).stdout
-    summary = out[out.index("found 3 findings"):]
-    assert "activation-all-gather 2, non-batch-dim-sharding 1" in summary
+    out = run("analyze", *TWO_CAUSES, *BUILTIN).stdout
+    summary = out[out.index("found 2 findings"):]
+    assert "cross-host-tensor-parallel 1, uneven-sharding-padding 1" in summary
     assert "reshard-churn" not in out  # ran, found nothing: not named
     assert "8 rules ran" in summary
     assert "not judged: communication-bound: no hardware profile" in summary
@@ -198,7 +201,7 @@ def test_output_file_is_replaced_atomically(tmp_path):
     out.write_text("old")
     out.chmod(0o640)
     assert run("analyze", str(SEED), "--format", "markdown", "-o", str(out)).exit_code == 0
-    assert out.read_text().startswith("### hlo-doctor: 3 findings")
+    assert out.read_text().startswith("### hlo-doctor: 1 finding")
     assert (out.stat().st_mode & 0o777) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]  # no temporary file left
 

@@ -53,8 +53,8 @@ def test_quick_start_prints_the_diagnosis_and_the_fix(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, shlex.split(doctor)[1:])
     assert result.exit_code == 0, result.output
-    for expected in ("activation-all-gather", "non-batch-dim-sharding",
-                     "fsdp_activation_gather.py:49:9: warning activation-all-gather ",
+    for expected in ("(activation-all-gather, 600 KiB over the wire per device)",
+                     "fsdp_activation_gather.py:49:9: warning non-batch-dim-sharding ",
                      "jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))"):
         assert expected in result.output
     assert "xs.mark_sharding" not in result.output  # a JAX program: the JAX fix only
@@ -64,7 +64,7 @@ def test_python_api_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     monkeypatch.chdir(ROOT)
     exec(compile(first_block(section("Python API"), "python"), "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("activation-all-gather all-gather 49 ") for line in printed), printed
+    assert any(line.startswith("non-batch-dim-sharding dot 49 ") for line in printed), printed
 
 
 @pytest.mark.slow

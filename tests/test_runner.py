@@ -473,7 +473,8 @@ def test_a_missing_extra_stops_the_run_before_the_child_starts(monkeypatch, tmp_
     assert not (tmp_path / "d").exists()
     script = tmp_path / "train.py"
     script.write_text("import torch_xla\n")
-    result = CliRunner().invoke(main, ["run", "--", "python", str(script)])
+    # this interpreter, whose probe the test replaced (another `python` on PATH is probed in a child)
+    result = CliRunner().invoke(main, ["run", "--", sys.executable, str(script)])
     assert result.exit_code == 2 and "pip install 'hlo-doctor[torch-xla]'" in result.stderr
 
 

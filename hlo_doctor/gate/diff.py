@@ -32,9 +32,10 @@ class CollectiveTotals:
 class CollectiveDetail:
     """One collective, described by what it moves rather than by its (renumbered) name.
 
-    ``role`` is ``activation`` when the moved value derives from the batch
-    input, ``weight`` when it derives only from other program parameters,
-    else ``other``; ``parameters`` names the program arguments it derives from.
+    ``role`` is the analysis layer's (:mod:`hlo_doctor.semantics.roles`:
+    ``weight-gather``, ``gradient-reduce``, ``activation-gather`` ...);
+    ``parameters`` names the program arguments it serves (the weights it
+    gathers, the weight a gradient is for, the data an activation comes from).
     """
 
     kind: str
@@ -184,43 +185,31 @@ def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions
 def _collective_details(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> list[CollectiveDetail]:
     if module is None:
         return []
-    from hlo_doctor.rules._batch import analyze_batch, parameter_name
+    from hlo_doctor.rules._batch import parameter_name
 
     ctx = RuleContext(dump, module, options)
-    graph, hlo = ctx.graph, ctx.per_device
-    if graph is None or hlo is None or hlo.entry is None:
+    hlo = ctx.per_device
+    if hlo is None or hlo.entry is None:
         return []
-    batch = analyze_batch(ctx, hlo, graph, per_device=True)
     params = {p.parameter_number: p for p in hlo.entry.parameters()}
     details = []
-    for op in ctx.collectives:
-        instruction = ctx.instruction(op.computation, op.instruction)
-        if instruction is None:
-            continue
-        computation = hlo.computation(op.computation)
-        operand = computation.get(instruction.operands[0]) if computation and instruction.operands else None
-        derives: frozenset[int] = frozenset()
-        role = "other"
-        if operand is not None:
-            key = (op.computation, operand.name)
-            derives = graph.entry_parameters(key)
-            if batch.derives_from_batch(key):
-                role = "activation"
-            elif derives:
-                role = "weight"
-        names = tuple(sorted(parameter_name(ctx, params[n]) for n in derives if n in params))
-        result = instruction.shape
-        if instruction.opcode.endswith("-start") and result.is_tuple and result.tuple_shapes:
+    for role in ctx.semantics.roles:
+        facts = role.facts
+        op = facts.op
+        operand = facts.operands[0] if facts.operands else None
+        names = tuple(sorted(parameter_name(ctx, params[n]) for n in role.parameters if n in params))
+        result = (op.outer or op.op).shape if (op.outer or op.op) is not None else None
+        if result is not None and op.form.value != "sync" and result.is_tuple and result.tuple_shapes:
             result = result.tuple_shapes[-1]
         details.append(
             CollectiveDetail(
                 kind=op.kind,
                 instruction=op.instruction,
                 operand_shape=str(operand.shape) if operand is not None else "?",
-                result_shape=str(result),
+                result_shape=str(result) if result is not None else "?",
                 dimension=op.dimension,
                 bytes_per_device=max(op.bytes_in_per_device, op.bytes_out_per_device),
-                role=role,
+                role=role.role,
                 parameters=names,
             )
         )

@@ -129,6 +129,10 @@ class Rule:
     # worker process beside the others (see hlo_doctor.rules.parallel); the answer never
     # changes what a rule may read, only where it runs.
     reads: ClassVar[frozenset[str] | None] = None
+    # How close to a root cause the rule's findings are (lower: closer). When two rules report
+    # the same op, the finding of the lower rank stays and the other is folded into its
+    # ``related`` (see hlo_doctor.rules.engine.fold_symptoms): one root cause, one finding.
+    cause_rank: ClassVar[int] = 100
 
     def __init__(self, options: Any = None, **overrides: Any) -> None:
         if options is None:

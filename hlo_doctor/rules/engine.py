@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hlo_doctor.errors import one_line
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.registry import Registry
+from hlo_doctor.units import format_bytes
 
 INTERNAL_ERROR = "internal-error"
+_CAUSES = "; it also causes "
 
-__all__ = ["INTERNAL_ERROR", "Skip", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
+__all__ = ["INTERNAL_ERROR", "Skip", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,7 @@ def select_rules(
 
 def run_rules(ctx: RuleContext, rules: Sequence[Rule]) -> tuple[list[Finding], list[Skip]]:
     """Every rule on ``ctx``; a rule that raises becomes an ``internal-error`` finding."""
-    return merge_outcomes([run_rule(ctx, rule) for rule in rules])
+    return merge_outcomes([run_rule(ctx, rule) for rule in rules], cause_ranks(rules), collective_names(ctx))
 
 
 def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
@@ -55,16 +58,93 @@ def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
         return [crash_finding(rule, ctx, error)], None
 
 
-def merge_outcomes(outcomes: Iterable[tuple[list[Finding], Skip | None]]) -> tuple[list[Finding], list[Skip]]:
-    """The findings (sorted) and skips of rule outcomes given in rule order."""
+def cause_ranks(rules: Iterable[Rule]) -> dict[str, int]:
+    """Rule id -> its ``cause_rank``."""
+    return {rule.id: rule.cause_rank for rule in rules}
+
+
+def collective_names(ctx: RuleContext) -> Callable[[], frozenset[str]]:
+    """The names of the module's per-device collectives, read only when two rules found something."""
+    return lambda: frozenset(c.instruction for c in ctx.collectives) | frozenset(
+        c.done for c in ctx.collectives if c.done)
+
+
+def merge_outcomes(
+    outcomes: Iterable[tuple[list[Finding], Skip | None]],
+    ranks: Mapping[str, int] | None = None,
+    collectives: Callable[[], frozenset[str]] | None = None,
+) -> tuple[list[Finding], list[Skip]]:
+    """The findings (symptoms folded into their causes, sorted) and skips of rule outcomes in rule order."""
     findings: list[Finding] = []
     skips: list[Skip] = []
     for produced, skip in outcomes:
         findings.extend(produced)
         if skip is not None:
             skips.append(skip)
+    if len({f.rule for f in findings}) > 1:
+        names = collectives() if collectives is not None else frozenset()
+        while True:  # a fold can make another: a symptom's related ops join its cause's
+            folded = fold_symptoms(findings, ranks or {}, names)
+            if len(folded) == len(findings):
+                break
+            findings = folded
     findings.sort(key=lambda f: f.sort_key)
     return findings, skips
+
+
+def fold_symptoms(
+    findings: list[Finding], ranks: Mapping[str, int], collectives: frozenset[str] = frozenset()
+) -> list[Finding]:
+    """One root cause, one finding: fold each finding that another rule's finding explains.
+
+    Findings are taken in order of their rule's ``cause_rank`` (closest to a root cause
+    first). A later finding of the same module is a symptom of a kept finding of another
+    rule when its op or related ops include the kept finding's op, when its op is among
+    the kept finding's related ops (names in the per-device snapshot: those of its
+    collectives, ``collectives``), or when both name one of those collectives (the same
+    traffic, explained twice). It
+    is dropped, and its op and related ops join the kept finding's ``related``, with the
+    symptom's rule and message under ``evidence["symptoms"]``.
+    """
+    order = sorted(range(len(findings)), key=lambda i: (ranks.get(findings[i].rule, 100), i))
+    kept: list[Finding] = []
+    for index in order:
+        finding = findings[index]
+        names = {finding.instruction, *finding.related} - {None}
+        shared = names & collectives
+        cause = next((k for k, other in enumerate(kept) if other.rule != finding.rule
+                      and other.module == finding.module and (
+                          other.instruction in names
+                          or shared & {other.instruction, *other.related}
+                          or (finding.instruction in other.related and _names_collectives(other, collectives)))),
+                     None)
+        if cause is None or finding.rule == INTERNAL_ERROR:
+            kept.append(finding)
+            continue
+        other = kept[cause]
+        related = list(other.related)
+        for name in (finding.instruction, *finding.related):
+            if name and name not in related and name != other.instruction:
+                related.append(name)
+        symptoms = [*other.evidence.get("symptoms", ()),
+                    {"rule": finding.rule, "instruction": finding.instruction, "message": finding.message,
+                     "wire_bytes_per_device": finding.evidence.get("wire_bytes_per_device")}]
+        listed = ", ".join(_symptom_text(s) for s in symptoms)
+        message = other.message.split(_CAUSES)[0]
+        kept[cause] = dataclasses.replace(other, related=tuple(related), message=f"{message}{_CAUSES}{listed}",
+                                          evidence={**other.evidence, "symptoms": symptoms})
+    return kept
+
+
+def _symptom_text(symptom: Mapping) -> str:
+    wire = symptom.get("wire_bytes_per_device")
+    sent = f", {format_bytes(wire)} over the wire per device" if isinstance(wire, int) else ""
+    return f"{symptom['instruction']} ({symptom['rule']}{sent})"
+
+
+def _names_collectives(finding: Finding, collectives: frozenset[str]) -> bool:
+    """Whether a finding's related ops are per-device names (it names one of the module's collectives)."""
+    return bool(collectives & {finding.instruction, *finding.related})
 
 
 def crash_finding(rule: Rule, ctx: RuleContext, error: BaseException) -> Finding:

@@ -100,6 +100,7 @@ class ActivationAllGather(Rule):
     """
 
     id = "activation-all-gather"
+    cause_rank = 30
     severity = Severity.WARNING
     reads = frozenset({"per_device"})
     summary = "An all-gather gathers an activation (batch-derived data) instead of a weight."
@@ -118,9 +119,13 @@ class ActivationAllGather(Rule):
         analysis = analyze_batch(ctx, module, graph, per_device=True)
         if not analysis.batch_inputs:
             return
+        semantics = ctx.semantics
         for collective in gathers:
             if collective.bytes_out_per_device < self.options.min_bytes:
                 continue
+            role = semantics.role_of(collective.computation, collective.instruction)
+            if role is not None and role.role != "activation-gather":
+                continue  # a weight gather, a reshard, index or scalar traffic: not this pattern
             finding = self._check_gather(ctx, analysis, collective)
             if finding is not None:
                 yield finding
@@ -171,7 +176,6 @@ class ActivationAllGather(Rule):
         weights = _weight_summary(ctx, analysis, weight_params)
         axes = batch_axes(ctx, analysis, param)
         group_axes = "/".join(collective.mesh_axes) if collective.mesh_axes else f"{collective.group_size} devices"
-        executions = ctx.executions.get(collective.computation, 1)
         if kind == "batch":
             what = (f"gathers the activation {operand_name} ({operand.shape}, derived from the batch input "
                     f"{input_name}) along its batch dimension {batch_dim}")
@@ -192,16 +196,25 @@ class ActivationAllGather(Rule):
         spec: list = [None] * rank
         spec[min(target_batch, rank - 1)] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
+        executions = ctx.semantics.executions.get(collective.computation)
+        per_step = f", {executions.count} times a step" if executions is not None and executions.count > 1 else ""
+        layers = _stacked_layers(ctx, graph.instruction(weight_key), weight_params)
+        weight_wire = _weight_gather_bytes(weights["bytes"] // layers, collective.group_size)
         if weights["sharded"]:
-            alternative = (f"gathering the weight {weights['names']} ({format_bytes(weights['bytes'])} in all) instead "
-                           "would keep batch parallelism")
+            alternative = (
+                f"gathering the weight {weights['names']} instead would send {format_bytes(weight_wire)} per device "
+                f"(against {format_bytes(collective.wire_bytes_per_device)} for this gather), but a weight gather does "
+                "not wait for the previous layer, so XLA can prefetch it behind compute, while this gather waits for "
+                f"{operand_name} and sits on the critical path"
+            )
         else:
             alternative = (f"the weight {weights['names']} is not sharded, so a batch-sharded {dot.name} "
                            "would need no communication at all")
+        work = _repeated_work(ctx, analysis, dot, weight_key, weight_params, collective.group_size)
         message = (
             f"all-gather {collective.instruction} {what}: each device receives {out_shape} "
-            f"({format_bytes(collective.bytes_out_per_device)}, {format_bytes(collective.wire_bytes_per_device)} over the wire) "
-            f"over {group_axes}, and {dot.name} then multiplies the whole batch; {alternative}"
+            f"({format_bytes(collective.bytes_out_per_device)}, {format_bytes(collective.wire_bytes_per_device)} over "
+            f"the wire{per_step}) over {group_axes}, and {dot.name} {work}; {alternative}"
         )
         if kind == "batch":
             what_h = f"h, the output of {dot.name} (the layer that reads the gathered {operand_name})"
@@ -216,8 +229,8 @@ class ActivationAllGather(Rule):
             ctx,
             message,
             instruction=start,
-            related=tuple(n for n in (collective.done, operand.name, dot.name, graph.instruction(weight_key).name)
-                          if n),
+            related=tuple(n for n in (collective.done, operand.name, dot.name, graph.instruction(weight_key).name,
+                                      _producing_dot(graph, operand_key)) if n),
             source_from=source_from,
             suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
             evidence={
@@ -233,7 +246,7 @@ class ActivationAllGather(Rule):
                 "wire_bytes_per_device": collective.wire_bytes_per_device,
                 "group_size": collective.group_size,
                 "mesh_axes": list(collective.mesh_axes or ()),
-                "executions_per_step": executions,
+                "executions_per_step": executions.count if executions is not None else 1,
                 "batch_input": input_name,
                 "global_batch": analysis.global_batch[param],
                 "batch_axes": list(axes or ()),
@@ -242,6 +255,8 @@ class ActivationAllGather(Rule):
                 "weight_parameters": weights["names"],
                 "weight_bytes": weights["bytes"],
                 "weight_sharded": weights["sharded"],
+                "weight_gather_wire_bytes_per_device": weight_wire,
+                "repeats_work": work.startswith("repeats"),
                 "async": collective.form is not Form.SYNC,
             },
         )
@@ -297,3 +312,56 @@ def _weight_summary(ctx: RuleContext, analysis: BatchAnalysis, params: list[int]
             except ValueError:
                 pass
     return {"names": ", ".join(names) or "?", "bytes": total, "sharded": sharded}
+
+
+def _weight_gather_bytes(weight_bytes: int, group_size: int) -> int:
+    """Ring wire bytes per device of all-gathering a weight of ``weight_bytes`` over ``group_size`` devices."""
+    return (group_size - 1) * weight_bytes // max(group_size, 1)
+
+
+def _repeated_work(ctx: RuleContext, analysis: BatchAnalysis, dot: Instruction, weight_key: NodeKey,
+                   weight_params: list[int], group_size: int) -> str:
+    """What the consuming matmul does with the whole batch, true to its per-device shapes.
+
+    Every device repeats the work only when it also holds the whole weight; with a shard of
+    the weight (column- or row-parallel) the FLOPs are split, not repeated.
+    """
+    shapes = ctx.global_parameter_shapes
+    weight = analysis.graph.instruction(weight_key)
+    full = sum(shapes[p].num_elements for p in weight_params
+               if shapes is not None and p < len(shapes) and not shapes[p].is_tuple)
+    full //= _stacked_layers(ctx, weight, weight_params)
+    held = weight.shape.num_elements if not weight.shape.is_tuple else 0
+    if full and held >= full:
+        return (f"repeats the same work on every device of the group ({group_size}x the FLOPs of a batch-sharded "
+                "layer): it multiplies the whole batch by the whole weight")
+    fraction = f"{held / full:.0%} of" if full else "a shard of"
+    return (f"multiplies the whole batch by {fraction} the weight on each device: the FLOPs are split, not "
+            "repeated, but its output is sharded on a feature dim")
+
+
+def _stacked_layers(ctx: RuleContext, weight: Instruction, params: list[int]) -> int:
+    """Layers stacked in a scanned weight: its dim 0 when the matmul reads one layer (a rank less)."""
+    shapes = ctx.global_parameter_shapes
+    if shapes is None or len(params) != 1 or params[0] >= len(shapes) or weight.shape.is_tuple:
+        return 1
+    shape = shapes[params[0]]
+    return shape.dims[0] if not shape.is_tuple and shape.rank == weight.shape.rank + 1 and shape.dims[0] else 1
+
+
+def _producing_dot(graph, key: NodeKey, limit: int = 8) -> str | None:  # noqa: ANN001
+    """The nearest matmul upstream of ``key`` (through elementwise ops), the layer that made the value."""
+    seen = {key}
+    queue: deque[NodeKey] = deque([key])
+    while queue and len(seen) < limit * 4:
+        current = queue.popleft()
+        for source, _ in graph.producers(current):
+            if source in seen:
+                continue
+            seen.add(source)
+            instruction = graph.instruction(source)
+            if instruction.opcode in _DOTS:
+                return instruction.name
+            if instruction.opcode not in ("parameter", "constant"):
+                queue.append(source)
+    return None

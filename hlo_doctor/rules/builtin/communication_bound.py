@@ -85,6 +85,7 @@ class CommunicationBound(Rule):
     """
 
     id = "communication-bound"
+    cause_rank = 90
     severity = Severity.WARNING
     reads = frozenset({"per_device"})
     summary = "Collectives take more of the step than the matmuls (needs a hardware profile)."

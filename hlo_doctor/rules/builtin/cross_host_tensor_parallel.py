@@ -87,6 +87,7 @@ class CrossHostTensorParallel(Rule):
     """
 
     id = "cross-host-tensor-parallel"
+    cause_rank = 60
     severity = Severity.WARNING
     reads = frozenset({"per_device"})
     summary = "Tensor-parallel collectives on activations cross hosts (the TP axis should stay inside a host)."

@@ -20,6 +20,7 @@ from hlo_doctor.rules._batch import (
 from hlo_doctor.rules._suggest import constraint_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics.execution import execution_counts
 
 _DOTS = ("dot", "convolution")
 
@@ -82,6 +83,7 @@ class NonBatchDimSharding(Rule):
     """
 
     id = "non-batch-dim-sharding"
+    cause_rank = 20
     severity = Severity.WARNING
     reads = frozenset({"sharded"})
     summary = "A dot's activation output is batch-replicated and sharded on a non-batch dim."
@@ -153,11 +155,14 @@ class NonBatchDimSharding(Rule):
         spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
         name = partitioned_name or dot.name
+        executions = execution_counts(analysis.module).get(computation)
+        times = executions.count if executions is not None else 1
         message = (
             f"{dot.opcode} {dot.name} ({dot.shape}) leaves its batch dimension {batch_dim} replicated and "
             f"shards {where}, although its input {operand.name} is batch-sharded {in_shards} ways "
             f"(dim {in_dim}, from the batch input {input_name}): the partitioner must gather or reshard the "
-            "batch into this layer and every device computes the whole batch"
+            "batch into this layer, and each device's matmul covers every row of the batch for its shard of "
+            f"dim {sharded[0]}" + (f" ({times} times a step, in a loop)" if times > 1 else "")
         )
         summary = (
             f"Constrain the output of {dot.name} (the activation h) to stay batch-sharded over "
@@ -183,6 +188,7 @@ class NonBatchDimSharding(Rule):
                 "batch_input": input_name,
                 "batch_axes": list(axes or ()),
                 "bytes": dot.shape.byte_size,
+                "executions_per_step": times,
             },
         )
         return with_torch_source(ctx, finding, analysis.module, dot)

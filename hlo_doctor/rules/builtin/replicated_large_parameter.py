@@ -70,6 +70,7 @@ class ReplicatedLargeParameter(Rule):
     """
 
     id = "replicated-large-parameter"
+    cause_rank = 50
     severity = Severity.WARNING
     reads = frozenset({"per_device"})
     summary = "A large parameter is fully replicated while comparable parameters are sharded."

@@ -114,6 +114,7 @@ class ReshardChurn(Rule):
     """
 
     id = "reshard-churn"
+    cause_rank = 10
     severity = Severity.WARNING
     reads = frozenset({"per_device"})
     summary = "A value is resharded back and forth (all-to-all / permute / all-gather + dynamic-slice)."

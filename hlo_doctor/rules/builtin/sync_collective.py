@@ -177,6 +177,7 @@ class SyncCollective(Rule):
     """
 
     id = "sync-collective"
+    cause_rank = 70
     severity = Severity.WARNING
     reads = frozenset({"per_device"})
     summary = "A collective in a scheduled GPU/TPU program overlaps no computation."

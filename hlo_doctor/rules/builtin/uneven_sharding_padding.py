@@ -73,6 +73,7 @@ class UnevenShardingPadding(Rule):
     """
 
     id = "uneven-sharding-padding"
+    cause_rank = 40
     severity = Severity.WARNING
     reads = frozenset({"sharded"})
     summary = "A sharded dimension is not divisible by its shard count, so XLA pads and masks it."
