@@ -92,8 +92,10 @@ class TpuTopology:
         out: dict[int, int] = {}
         for rank, (slice_key, members) in enumerate(sorted(by_slice.items())):
             local = [d - slice_key * MEGASCALE_SLICE_STRIDE for d in members]
-            cores, remainder = divmod(max(local) + 1, self.chips)
-            if remainder or cores < 1:
+            # cores per chip: 2 where both TensorCores of a v4 chip are devices, else 1
+            # (a megacore view may list only core 0 of each chip: ids 0, 2, 4 ...)
+            cores = -(-(max(local) + 1) // self.chips)
+            if cores > 2 or (cores == 2 and (max(local) + 1) <= self.chips):
                 return None
             for device, local_id in zip(members, local):
                 out[device] = rank * self.hosts + self.host_of_chip(local_id // cores)

@@ -1,7 +1,9 @@
 """Hardware profiles: peak bf16 FLOP/s and collective bandwidth, for cost estimates.
 
 Bundled profiles live in ``hlo_doctor/rules/profiles/NAME.json`` (``h100``,
-``a100``, ``tpu-v4``, ``tpu-v5e``), each with the sources of its numbers.
+``a100``, ``tpu-v4``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``), each with the
+sources of its numbers. :func:`profile_for_dump` picks one from what a dumped
+module says about its hardware (a TPU dump's topology names the chip).
 ``--hardware`` takes a bundled name or the path of a JSON file with the same
 keys. Bandwidths are bytes per second *each way* per device, the figure a
 ring collective is limited by; they are datasheet peaks, so estimates from
@@ -14,10 +16,17 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hlo_doctor.errors import InputError
 
-__all__ = ["HardwareProfile", "bundled_profiles", "load_profile"]
+if TYPE_CHECKING:
+    from hlo_doctor.dump import DumpModule
+
+__all__ = ["HardwareProfile", "bundled_profiles", "load_profile", "profile_for_dump"]
+
+# GPU after-optimizations backend prefix -> bundled profile
+_GPU_BACKENDS = {"sm_9.0a_gpu": "h100", "sm_90a_gpu": "h100", "sm_9.0_gpu": "h100", "sm_8.0_gpu": "a100"}
 
 _FIELDS = ("name", "peak_bf16_flops", "intra_host_bandwidth", "inter_host_bandwidth", "devices_per_host")
 
@@ -104,3 +113,15 @@ def load_profile(name_or_path: str) -> HardwareProfile:
 def profile_names() -> list[str]:
     """Names of the bundled hardware profiles."""
     return sorted(bundled_profiles())
+
+
+def profile_for_dump(dump_module: DumpModule | None) -> HardwareProfile | None:
+    """The bundled profile of the hardware a module was compiled for: a TPU's chip from
+    ``topology.textproto`` (``tpu-v4``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``), a GPU's from
+    the optimized module's backend prefix (``sm_9.0a_gpu`` -> ``h100``); None for CPU
+    dumps and unknown hardware."""
+    if dump_module is None:
+        return None
+    chip = dump_module.tpu_chip
+    name = f"tpu-{chip}" if chip else _GPU_BACKENDS.get(dump_module.backend or "")
+    return bundled_profiles().get(name) if name else None
