@@ -235,6 +235,12 @@ def target_devices(target: str | Target | TpuTarget) -> list[Any]:
     from hlo_doctor.runner._child import deviceless
 
     if target.platform == "tpu":
+        import os
+
+        from hlo_doctor.runner.environment import TPU_DEVICELESS_ENV
+
+        for name, value in TPU_DEVICELESS_ENV.items():
+            os.environ.setdefault(name, value)  # read when libtpu loads
         return deviceless.tpu_topology_devices(target.topology_name, target.slices)
     return deviceless.topology_devices(target.config_text(), target.hosts,
                                        target.devices_per_host, target.name)
