@@ -200,7 +200,7 @@ def test_config_file_is_found_and_flags_override_it(tmp_path: Path, monkeypatch:
                           "ignore-ops, fail-on, rules)"),
         ('fail-on = "fatal"\n', "fail-on must be one of error, warning, info, not 'fatal'"),
         ("devices-per-host = 0\n", "devices-per-host must be a positive integer"),
-        ('hardware = "v100"\n', "hardware must be one of a100, h100, tpu-v4, tpu-v5e, not 'v100'"),
+        ('hardware = "v100"\n', "hardware must be one of a100, h100, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, not 'v100'"),
         ('select = ["nope"]\n', "select: unknown rule 'nope' (valid rules: "),
         ("[tool.hlo-doctor.rules.uneven-sharding-padding]\nthreshold = 3\n",
          "rules.uneven-sharding-padding: unknown option 'threshold' (valid options: "),

@@ -1,5 +1,8 @@
 """GPU targets for deviceless compiles: ``hlo-doctor run --target h100:2x8``.
 
+TPU targets (``v4:4x4x8``, ``v4-256``, ``v5e:4x4x2slices``) parse here too and
+live in :mod:`hlo_doctor.runner.tpu_targets`.
+
 A target is a GPU model (a ``stream_executor.GpuTargetConfigProto`` text file)
 and a cluster shape, HOSTS x DEVICES per host. JAX's CUDA plugin compiles for
 it on a CPU-only machine (``JAX_PLATFORMS=cpu``): the real XLA:GPU pipeline
