@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from hlo_doctor import analyze_dump, hlo
-from hlo_doctor.dump import Role, load_dump
-from hlo_doctor.dump import protowire
-from hlo_doctor.dump.options import CompileOptions
+from hlo_doctor.dump import load_dump, protowire
 from hlo_doctor.dump.textproto import parse_textproto
 from hlo_doctor.dump.tpu import TpuTopology, chip_of_version
 from hlo_doctor.graph.collectives import Form, find_collectives
