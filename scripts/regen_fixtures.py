@@ -48,6 +48,9 @@ SEED = "fsdp-activation-gather"
 # Pairs compiled again with older JAX releases (version drift), with that release's
 # default partitioner (GSPMD in 0.4.35, Shardy in 0.7.2).
 OLD_JAX_PAIRS = (SEED, "cross-host-tp")
+# ... and with a non-default partitioner: jax 0.4.35's experimental Shardy, whose partitioned
+# module labels the seed's parameter 0 "b2" (before_optimizations: "x").
+OLD_JAX_EXTRA = {"0.4.35": ("shardy", (SEED,))}
 # Examples that also get a GSPMD fixture (besides Shardy, JAX's default).
 # Every bad/fixed rule pair under both JAX partitioners; the healthy models under Shardy.
 GSPMD_TOO = {SEED, "cross-host-tp", "transposed-mesh", "non-batch-dim-sharding", "replicated-large-param",
@@ -203,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _regen_old_jax(python: str, only: list[str] | None) -> int:
     """The version-drift fixtures: OLD_JAX_PAIRS compiled by another JAX release."""
-    version, partitioner = _python_jax(python)
+    version, default = _python_jax(python)
+    runs = [(example, default, None) for example in OLD_JAX_PAIRS]
+    if version in OLD_JAX_EXTRA:
+        extra, examples = OLD_JAX_EXTRA[version]
+        runs += [(example, extra, extra) for example in examples]
     failures = 0
-    for example in OLD_JAX_PAIRS:
+    for example, partitioner, chosen in runs:
         if only and example not in only:
             continue
         for variant in ("bad", "fixed"):
@@ -216,7 +223,8 @@ def _regen_old_jax(python: str, only: list[str] | None) -> int:
                 shutil.rmtree(target)
             start = time.monotonic()
             try:
-                run_example(example, framework="jax", variant=variant, dump_dir=target, python=python)
+                run_example(example, framework="jax", variant=variant, dump_dir=target, python=python,
+                            partitioner=chosen)
             except RunError as error:
                 failures += 1
                 print(f"FAIL {label}: {error}\n{error.format_tail()}", file=sys.stderr)

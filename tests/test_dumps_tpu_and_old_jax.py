@@ -407,3 +407,17 @@ def test_explain_export_tuple_and_root_get_tuple_element_take_the_result_origins
         assert result.exit_code == 0, result.output
         assert "axis x: constraint at %sharding_constraint.2" in result.output
         assert "no sharded axis" not in result.output
+
+
+def test_parameter_names_come_from_before_optimizations():
+    """jax 0.4.35's experimental Shardy labels the partitioned parameter 0 'b2'; the user's
+    argument is x, as before_optimizations says, and findings must name x."""
+    folder = SEED / "jax0.4.35-shardy-bad"
+    _, module = _module(folder)
+    partitioned = module.partitioned().module().entry.parameters()
+    before = module.before_optimizations().module().entry.parameters()
+    first = next(p for p in partitioned if p.parameter_number == 0)
+    assert first.metadata.op_name == "b2"
+    assert next(p for p in before if p.parameter_number == 0).metadata.op_name == "x"
+    (finding,) = analyze_dump(folder, select=["activation-all-gather"]).findings
+    assert "activation x " in finding.message and "b2" not in finding.message
