@@ -38,3 +38,7 @@ def _register() -> None:
 
 
 _register()
+
+
+if __name__ == "__main__":  # python -m hlo_doctor.cli (venvs without the console script)
+    main()

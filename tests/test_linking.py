@@ -41,14 +41,19 @@ def test_quick_match_agrees_with_the_whole_module_link_on_every_fixture_dot():
     """match_instructions (used to name findings) gives link_modules' answer, or None, never another op."""
     from hlo_doctor.graph.linking import match_instructions
 
-    compared = answered = 0
+    compared = answered = windowed = 0
     for folder, module in _fixture_modules():
         a, b = module.after_propagation().module(), module.partitioned().module()
         keys = [(c.name, i.name) for c, i in a.instructions() if i.opcode in ("dot", "convolution")]
         link = link_modules(a, b)
+        # TPU's partitioner turns some dots into windowed-einsum while loops
+        # (windowed_dot_general_body_*, tpu-v4-llama bad): the quick match may not answer those.
+        loops = any(c.name.startswith("windowed_dot_general") for c in b.computations)
         for key, quick in match_instructions(a, b, keys).items():
             compared += 1
             if quick is not None:
                 answered += 1
                 assert quick == link.matched(key), (folder, key)
-    assert compared > 100 and answered == compared
+            elif loops:
+                windowed += 1
+    assert compared > 100 and answered + windowed == compared and windowed < compared // 10

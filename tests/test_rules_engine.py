@@ -215,7 +215,8 @@ def test_communication_bound_cross_host_pair():
 
 def test_hardware_profiles():
     profiles = bundled_profiles()
-    assert {"h100", "a100", "b200", "tpu-v4", "tpu-v5e"} <= set(profiles)
+    assert {"h100", "a100", "b200", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"} <= set(profiles)
+    assert all(p.platform == "tpu" and p.inter_slice_bandwidth for n, p in profiles.items() if n.startswith("tpu"))
     assert all(p.sources and p.peak_bf16_flops > 1e14 for p in profiles.values())
     with pytest.raises(InputError, match="unknown hardware"):
         load_profile("v100")

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "sync-collective"
 FLAG = "--xla_gpu_disable_async_collectives=allgather,reducescatter,allreduce"
 HAVE_PLUGIN = (importlib.util.find_spec("jax") is not None
+               and importlib.util.find_spec("jax_plugins") is not None  # absent: no plugin at all
                and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None)
 needs_plugin = pytest.mark.skipif(not HAVE_PLUGIN, reason="jax CUDA plugin not installed "
                                   "(pip install -e .[gpu-target])")

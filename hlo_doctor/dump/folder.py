@@ -25,6 +25,7 @@ from hlo_doctor.dump.names import (
     DumpFileName,
     FileKind,
     known_module_name,
+    parse_compile_dir_name,
     parse_file_name,
     parse_module_dir_name,
 )
@@ -101,7 +102,11 @@ class Partitioner(str, Enum):
 
 # Pass names, as XLA registers them (HloPassInterface::name()).
 PROPAGATION_PASSES = frozenset({"sharding-propagation", "shardy-xla"})
-PARTITIONING_PASSES = frozenset({"spmd-partitioning", "spmd-partitioner"})
+PARTITIONING_PASSES = frozenset({"spmd-partitioning", "spmd-partitioner", "tpu-spmd-partitioning"})
+# TPU runs propagation before its "xla-partitioner" pipeline dumps anything: the first
+# snapshot of that pipeline, right before spmd-prepare, holds the propagated shardings.
+TPU_PARTITIONER_PIPELINE = "xla-partitioner"
+TPU_PROPAGATED_BEFORE = "spmd-prepare"
 
 
 def role_of(name: DumpFileName) -> Role:
@@ -113,6 +118,8 @@ def role_of(name: DumpFileName) -> Role:
     if name.after_pass in PARTITIONING_PASSES:
         return Role.AFTER_PARTITIONING
     if name.after_pass in PROPAGATION_PASSES:
+        return Role.AFTER_PROPAGATION
+    if name.pipeline == TPU_PARTITIONER_PIPELINE and name.before_pass == TPU_PROPAGATED_BEFORE:
         return Role.AFTER_PROPAGATION
     if name.before_pass in PROPAGATION_PASSES:
         return Role.BEFORE_PROPAGATION
@@ -266,6 +273,7 @@ class DumpModule:
         debug_options_path: Path | None = None,
         shardy_dumps: tuple[Path, ...] = (),
         config_path: Path | None = None,
+        compile_dir: Path | None = None,
     ) -> None:
         self.id = module_id
         self.name = name
@@ -274,6 +282,7 @@ class DumpModule:
         self.debug_options_path = debug_options_path
         self.shardy_dumps = shardy_dumps
         self.config_path = config_path
+        self.compile_dir = compile_dir  # jax 0.7: jit_NAME_TS/ with compile_options.pb
         self._errors: list[DumpError] = []
 
     @property
@@ -319,6 +328,19 @@ class DumpModule:
             message = self._read_textproto(path)
             if message is not None:
                 return CompileOptions.from_message(message, str(path))
+        if self.compile_dir is not None and (self.compile_dir / "compile_options.pb").is_file():
+            return self._read_binary_options(self.compile_dir / "compile_options.pb")
+        return None
+
+    def _read_binary_options(self, path: Path) -> CompileOptions | None:
+        from hlo_doctor.dump.protowire import WireError
+
+        try:
+            return CompileOptions.from_binary(_read_bytes(path), str(path))
+        except OSError as error:
+            self._errors.append(DumpError(str(path), _strerror(error)))
+        except WireError as error:
+            self._errors.append(DumpError(str(path), f"not a CompileOptionsProto: {error}"))
         return None
 
     @cached_property
@@ -328,6 +350,30 @@ class DumpModule:
             if message is not None:
                 return Topology.from_message(message, str(path))
         return None
+
+    @property
+    def platform(self) -> str | None:
+        """``"tpu"``, ``"gpu"`` or ``"cpu"``: from topology.textproto, else the backend prefix
+        of the optimized module; None when the dump says neither."""
+        topology = self.topology
+        name = (topology.platform_name or "").lower() if topology is not None else ""
+        if topology is not None and topology.is_tpu:
+            return "tpu"
+        if name in ("cuda", "rocm", "gpu"):
+            return "gpu"
+        backend = self.backend or ""
+        if backend.endswith("gpu"):
+            return "gpu"
+        if backend == "cpu" or name in ("cpu", "host"):
+            return "cpu"
+        return None
+
+    @property
+    def tpu_chip(self) -> str | None:
+        """The TPU chip the module was compiled for (``v4``, ``v5e``, ``v5p``, ``v6e``), from
+        topology.textproto; None for other platforms or when not named."""
+        topology = self.topology
+        return topology.tpu_chip if topology is not None else None
 
     @cached_property
     def debug_options(self) -> dict[str, object]:
@@ -446,6 +492,8 @@ class DumpModule:
                 found.append(self.folder / name)
             elif name == "config.pbtxt" and self.config_path is not None:
                 found.append(self.config_path)
+            elif name == "module.mlir" and self.compile_dir is not None and (self.compile_dir / name).is_file():
+                found.append(self.compile_dir / name)
         return found
 
     def _read_text(self, path: Path) -> str | None:
@@ -585,6 +633,7 @@ def _load_folder(folder: Path) -> Dump:
     files: dict[str, os.DirEntry[str]] = {}
     module_dirs: dict[tuple[int, str], Path] = {}
     root = folder.resolve()
+    compile_dirs: dict[str, list[tuple[int, Path]]] = {}
     for entry in entries:
         if entry.is_symlink() and not _leads_inside(Path(entry.path), root):
             if entry.name == RUN_RECORD or parse_file_name(entry.name) is not None or \
@@ -602,6 +651,9 @@ def _load_folder(folder: Path) -> Dump:
             key = parse_module_dir_name(entry.name)
             if key is not None:
                 module_dirs[key] = Path(entry.path)
+            compile_dir = parse_compile_dir_name(entry.name)
+            if compile_dir is not None:
+                compile_dirs.setdefault(compile_dir[0], []).append((compile_dir[1], Path(entry.path)))
         elif is_file:
             files[entry.name] = entry
         elif entry.is_symlink() and parse_file_name(entry.name) is not None:
@@ -633,6 +685,7 @@ def _load_folder(folder: Path) -> Dump:
         raise InputError("no HLO modules found", path=str(folder))
 
     config = folder / "config.pbtxt"
+    by_compile_dir = _pair_compile_dirs(sorted(grouped), compile_dirs)
     modules = []
     for key in sorted(grouped):
         module_id, module_name = key
@@ -651,10 +704,27 @@ def _load_folder(folder: Path) -> Dump:
                 debug_options_path=debug_paths.get(key),
                 shardy_dumps=_shardy_dumps(folder / "shardy" / dir_name),
                 config_path=config_path,
+                compile_dir=by_compile_dir.get(key),
             )
         )
     run_record = _read_run_record(folder, errors)
     return Dump(folder, tuple(modules), run_record, tuple(errors))
+
+
+def _pair_compile_dirs(
+    keys: list[tuple[int, str]], compile_dirs: dict[str, list[tuple[int, Path]]]
+) -> dict[tuple[int, str], Path]:
+    """Each module's ``jit_NAME_TS/`` folder: the folders of one name, in timestamp order,
+    go to that name's modules in id order (both follow compile order). A name whose
+    folder and module counts differ is left unpaired rather than guessed."""
+    out: dict[tuple[int, str], Path] = {}
+    for name, dirs in compile_dirs.items():
+        modules = [key for key in keys if key[1] == name]
+        if len(modules) == len(dirs):
+            for key, (_, path) in zip(modules, sorted(dirs)):
+                if (path / "compile_options.pb").is_file() or (path / "module.mlir").is_file():
+                    out[key] = path
+    return out
 
 
 def _snapshot(path: Path, name: DumpFileName, size: int) -> Snapshot:

@@ -10,6 +10,7 @@ behind a ``TIMESTAMP.`` prefix (``--xla_dump_include_timestamp``)::
     module_0010.jit_f.debug_options
     module_0010.jit_f.config.pbtxt                              (GPU: HloModuleConfig, device assignment)
     module_0010.jit_f/                                          (module.mlir, compile_options.textproto, ...)
+    jit_f_1796161060502/compile_options.pb                      (jax 0.7: the binary compile options)
     shardy/module_0010.jit_f/NN.STAGE.mlir                      (Shardy's own MLIR dumps)
 
 A module NAME may itself contain dots (torch_xla's ``SyncTensorsGraph.12``),
@@ -57,6 +58,8 @@ class DumpFileName:
 
 _PREFIX = re.compile(r"(?:(?P<ts>\d+)\.)?module_(?P<id>\d+)\.")
 _MODULE_DIR = re.compile(r"module_(?P<id>\d+)\.(?P<name>.+)")
+# jax 0.7's per-compile folder: jit_NAME_TIMESTAMP/compile_options.pb (+ module.mlir).
+_COMPILE_DIR = re.compile(r"(?P<name>.+)_(?P<ts>\d{10,})")
 # The part after "module_NNNN.NAME." of a pass snapshot.
 _PASS_REST = re.compile(
     r"(?P<ord>\d{4,})\.(?P<pipeline>.+?)\.after_(?P<after>.+?)(?:\.before_(?P<before>.+?))?\.txt"
@@ -77,6 +80,14 @@ def parse_module_dir_name(name: str) -> tuple[int, str] | None:
     if match is None:
         return None
     return int(match["id"]), match["name"]
+
+
+def parse_compile_dir_name(name: str) -> tuple[str, int] | None:
+    """``jit_mlp_1796161060502`` -> ``("jit_mlp", 1796161060502)``; anything else -> None."""
+    match = _COMPILE_DIR.fullmatch(name)
+    if match is None or name.startswith("module_"):
+        return None
+    return match["name"], int(match["ts"])
 
 
 def parse_file_name(name: str, known_names: Collection[str] = ()) -> DumpFileName | None:

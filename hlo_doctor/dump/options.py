@@ -12,8 +12,13 @@ message tree, so it does not matter which wrapper message holds them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from hlo_doctor.dump import protowire
 from hlo_doctor.dump.textproto import Message
+
+if TYPE_CHECKING:
+    from hlo_doctor.dump.tpu import TpuTopology
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,48 @@ class CompileOptions:
         )
 
 
+    @classmethod
+    def from_binary(cls, data: bytes, source: str = "") -> CompileOptions:
+        """From a serialized ``CompileOptionsProto`` (jax 0.7's ``jit_NAME_TS/compile_options.pb``).
+
+        Reads ``executable_build_options`` (3): ``num_replicas`` (4), ``num_partitions`` (5),
+        ``use_spmd_partitioning`` (6), ``device_assignment`` (9) and ``use_shardy_partitioner``
+        (19). Raises :class:`~hlo_doctor.dump.protowire.WireError` for bytes that do not read.
+        """
+        build = protowire.as_message(protowire.first(data, 3)) or b""
+        assignment = protowire.as_message(protowire.first(build, 9))
+        return cls(
+            num_partitions=_wire_int(protowire.first(build, 5)),
+            num_replicas=_wire_int(protowire.first(build, 4)),
+            device_assignment=_binary_assignment(assignment) if assignment is not None else None,
+            use_spmd_partitioning=_wire_bool(protowire.first(build, 6)),
+            use_shardy_partitioner=_wire_bool(protowire.first(build, 19)),
+            source=source,
+        )
+
+
+def _binary_assignment(data: bytes) -> DeviceAssignment | None:
+    """A serialized ``DeviceAssignmentProto``: replica_count (1), computation_devices (3)
+    of ``replica_device_ids`` (1, packed int64)."""
+    columns = [
+        [protowire.signed64(v) for v in protowire.packed_varints(column, 1)]
+        for column in protowire.all_of(data, 3)
+        if isinstance(column, bytes)
+    ]
+    if not columns or not columns[0]:
+        return None
+    replicas = min(len(c) for c in columns)
+    return DeviceAssignment(tuple(tuple(c[r] for c in columns) for r in range(replicas)))
+
+
+def _wire_int(value: int | bytes | None) -> int | None:
+    return protowire.signed64(value) if isinstance(value, int) else None
+
+
+def _wire_bool(value: int | bytes | None) -> bool | None:
+    return bool(value) if isinstance(value, int) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     """``topology.textproto``: the platform, and process/host ids where the proto names them."""
@@ -132,6 +179,34 @@ class Topology:
             source=source,
             raw=message,
         )
+
+    @property
+    def is_tpu(self) -> bool:
+        return (self.platform_name or "").lower() == "tpu" or (
+            self.topology_type or "").endswith("TpuPjRtTopologyDescriptionProto")
+
+    @property
+    def tpu_chip(self) -> str | None:
+        """``v4``, ``v5e``, ``v5p``, ``v6e`` from ``platform_version`` (TPU dumps only)."""
+        from hlo_doctor.dump.tpu import chip_of_version
+
+        return chip_of_version(self.platform_version) if self.is_tpu else None
+
+    def tpu_topology(self) -> TpuTopology | None:
+        """The chip grid and host blocks from the encoded ``TpuPjRtTopologyDescriptionProto``."""
+        from hlo_doctor.dump.tpu import decode_tpu_topology
+
+        if not self.is_tpu:
+            return None
+        specific = self.raw.find("platform_specific_topology")
+        value = specific.get("value") if isinstance(specific, Message) else None
+        if not isinstance(value, str):
+            return None
+        try:
+            data = value.encode("latin-1")
+        except UnicodeEncodeError:
+            return None
+        return decode_tpu_topology(data, self.platform_version)
 
 
 def debug_options_dict(message: Message) -> dict[str, object]:

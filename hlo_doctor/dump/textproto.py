@@ -220,6 +220,10 @@ class _Reader:
                 name = text
             elif kind == "extension":
                 name = text[1:-1]
+            elif kind == "number" and text.isdigit():
+                # An unknown field printed by its number (TPU compile options: ``493: 1``,
+                # ``493 { ... }``): kept under the number's text.
+                name = text
             else:
                 raise self._error(offset, f"expected a field name, got {text!r}")
             has_colon = self.accept(":")

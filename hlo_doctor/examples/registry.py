@@ -20,7 +20,7 @@ class Example:
     # framework -> script file name under programs/
     scripts: dict[str, str] = field(default_factory=dict)
     reference: str | None = None
-    # GPU targets it compiles for deviceless (`--target`), the first is the default;
+    # GPU/TPU targets it compiles for deviceless (`--target`), the first is the default;
     # the script gets `--devices N` (and `--devices-per-host H`) for the target's shape.
     targets: tuple[str, ...] = ()
     # Only meaningful on a GPU target: a run without --target uses targets[0].
@@ -54,7 +54,8 @@ EXAMPLES: tuple[Example, ...] = (
         scripts={"jax": "fsdp_activation_gather.py",
                  "torch_xla": "fsdp_activation_gather_torch_xla.py"},
         reference="https://github.com/pytorch/xla/issues/6778",
-        targets=("a100:2x8",),  # the issue's own hardware: 2 hosts of 8 A100s
+        # the issue's own hardware (2 hosts of 8 A100s), then two small TPU slices
+        targets=("a100:2x8", "v5e:4x4", "v4:2x2x1"),
     ),
     Example(
         "non-batch-dim-sharding",
@@ -65,7 +66,9 @@ EXAMPLES: tuple[Example, ...] = (
         "cross-host-tp",
         "tensor-parallel MLP whose TP groups span two hosts of 4 devices (fixed: TP within a host)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("cross_host_tp"),
-        targets=("h100:2x8",),
+        # on TPU: one v5e slice (TP across hosts rides ICI: fine), and two slices where the
+        # bad mesh puts 'tp' across the slices (DCN) and the fixed one puts 'dp' there
+        targets=("h100:2x8", "v5e:4x4", "v5e:4x4x2slices"),
     ),
     Example(
         "sync-collective",
@@ -75,6 +78,13 @@ EXAMPLES: tuple[Example, ...] = (
         targets=("h100:2x8",), target_only=True,
         variant_xla_flags={"bad": {
             "xla_gpu_disable_async_collectives": "allgather,reducescatter,allreduce"}},
+    ),
+    Example(
+        "tpu-v4-llama",
+        "the seed's TPU v4 job: 2-layer llama train step on 128 chips (32 hosts), mesh "
+        "(32 data, 4 model), activations bf16[8,767,4096] split 4 ways (fixed: 128-way FSDP)",
+        PAIR, devices=128, scripts=_jax("tpu_v4_llama"),
+        targets=("v4:4x4x8",), target_only=True,
     ),
     Example(
         "transposed-mesh",

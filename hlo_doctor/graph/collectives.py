@@ -12,6 +12,10 @@ collective, in any of its three forms:
 * ``async-wrapped``: ``async-start`` whose called computation's root is a
   collective (also the sugared ``reduce-scatter-start``, ``all-to-all-start``
   ...); reported once, named by the start op, not again for the inner op.
+  TPU's ``async-collective-start`` fusions are reported the same way;
+* ``start-done`` also covers TPU multi-slice MegaScale transfers: a host-transfer
+  ``send`` carrying ``_xla_megascale_transfer_type`` is the DCN part of a
+  collective between slices (see :mod:`hlo_doctor.graph.tpu_collectives`).
 
 **Groups.** Replica groups mean what XLA's ``GetCollectiveOpGroupMode`` says
 (``collective_ops_utils.cc``):
@@ -52,6 +56,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from hlo_doctor.graph import tpu_collectives
 from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 
 if TYPE_CHECKING:
@@ -210,6 +215,10 @@ def find_collectives(
                 inner = _wrapped_collective(hlo_module, instruction)
                 if inner is not None:
                     wrapped_roots.add(inner)
+            elif tpu_collectives.is_async_collective_fusion(instruction):
+                inner = tpu_collectives.fused_collective(hlo_module, instruction, COLLECTIVE_OPCODES)
+                if inner is not None:
+                    wrapped_roots.add(inner)
 
     out: list[Collective] = []
     memo: dict = {}  # replica groups repeat across a module's collectives
@@ -246,10 +255,89 @@ def find_collectives(
                     op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
                     num_replicas, num_partitions, device_map, mesh, memo=memo,
                 )
+            elif tpu_collectives.is_async_collective_fusion(instruction):
+                inner = tpu_collectives.fused_collective(hlo_module, instruction, COLLECTIVE_OPCODES)
+                if inner is None:
+                    continue
+                inner_computation = hlo_module.computation(inner[0])
+                assert inner_computation is not None
+                op = inner_computation.get(inner[1])
+                assert op is not None
+                users = users if users is not None else computation.users()
+                done = next((u.name for u in users.get(instruction.name, ())
+                             if u.name.startswith(tpu_collectives.ASYNC_COLLECTIVE_DONE)), None)
+                found = _describe(
+                    op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
+                    num_replicas, num_partitions, device_map, mesh, memo=memo,
+                )
+            elif opcode == "send" and (kind := tpu_collectives.megascale_kind(instruction)) is not None:
+                users = users if users is not None else computation.users()
+                found = _describe_megascale(instruction, kind, computation, users, device_map, mesh)
             else:
                 continue
             out.append(found)
     return out
+
+
+def _describe_megascale(
+    send: Instruction,
+    kind: str,
+    computation: Computation,
+    users: dict[str, list[Instruction]],
+    device_map: DeviceMap | None,
+    mesh: Mesh | None,
+) -> Collective:
+    """A MegaScale DCN transfer (``send`` + ``recv`` of one rendezvous) as a collective between slices."""
+    physical = tpu_collectives.megascale_physical_groups(send)
+    logical: tuple[tuple[int, ...], ...] = ()
+    if device_map is not None and physical:
+        ids = [[device_map.logical_id(d) for d in group] for group in physical]
+        if all(i is not None for group in ids for i in group):
+            logical = tuple(tuple(i for i in group if i is not None) for group in ids)
+    n = max((len(g) for g in physical), default=1)
+    bytes_in = _operand_bytes(send, computation, range(1))
+    recv = tpu_collectives.megascale_recv(computation, send)
+    bytes_out = _first_leaf_bytes(recv.shape) if recv is not None else bytes_in
+    if kind == "all-gather":
+        wire = (n - 1) * bytes_out // n
+    elif kind == "all-reduce":
+        wire = 2 * (n - 1) * bytes_in // n
+    elif kind in ("reduce-scatter", "all-to-all"):
+        wire = (n - 1) * bytes_in // n
+    else:
+        wire = bytes_in if n > 1 else 0
+    done = None
+    if recv is not None:
+        done = next((u.name for u in users.get(recv.name, ()) if u.opcode == "recv-done"), None)
+    crosses = None
+    if device_map is not None and logical:
+        spans = [device_map.spans_hosts(g) for g in logical]
+        crosses = None if any(x is None for x in spans) else any(spans)
+    axes = mesh.axes_for_groups(logical) if mesh is not None and logical else None
+    metadata = send.metadata
+    return Collective(
+        kind=kind,
+        form=Form.START_DONE,
+        computation=computation.name,
+        instruction=send.name,
+        done=done,
+        mode=GroupMode.FLATTENED_ID,
+        logical_groups=logical,
+        physical_groups=physical or None,
+        group_size=n,
+        mesh_axes=axes,
+        dimension=None,
+        bytes_in_per_device=bytes_in,
+        bytes_out_per_device=bytes_out,
+        wire_bytes_per_device=wire,
+        crosses_hosts=crosses,
+        is_sync=None,
+        channel_id=send.channel_id,
+        use_global_device_ids=True,
+        op_name=metadata.op_name if metadata is not None else None,
+        op=send,
+        outer=send,
+    )
 
 
 def _module_int(module: HloModule, key: str) -> int | None:

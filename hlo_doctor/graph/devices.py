@@ -13,10 +13,16 @@ partition group ``{0, 1}`` runs on devices ``{0, 4}``.
 Which host a physical device is on comes from, in order: an explicit
 ``devices_per_host`` (the ``--devices-per-host`` option), the process index
 of each device in ``topology.textproto`` when it names more than one
-process, then the runner's record (``hlo_doctor_run.json``'s
-``devices_per_host``), then a single-process topology (one host). With
-``devices_per_host`` N, device ``d`` is on host ``d // N``: PjRt numbers
-the devices of a multi-process job process by process.
+process, each device's ``process_index`` in the runner's record (deviceless
+target compiles), a TPU topology's chip grid (hosts are blocks of chips:
+:mod:`hlo_doctor.dump.tpu`), the record's ``devices_per_host``, then a
+single-process topology (one host). With ``devices_per_host`` N, device
+``d`` is on host ``d // N``: PjRt numbers the devices of a multi-process
+GPU/CPU job process by process. On TPU that is a guess, and
+:attr:`DeviceMap.host_note` says so.
+
+Slices (TPU multi-slice) come from the record's ``slice_index`` per device,
+else from MegaScale device ids (``(slice + 1) * 100000 + local id``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,10 @@ class DeviceMap:
       host layout is unknown;
     * ``num_partitions``: partitions per replica (to split flattened ids);
     * ``host_source``: where the host layout came from: ``"argument"``,
-      ``"topology"``, ``"sidecar"``, ``"single-process"`` or None;
+      ``"topology"`` (a multi-process CPU topology, or a TPU topology's chip
+      grid), ``"sidecar-devices"`` (each device's ``process_index`` as the
+      runner recorded it), ``"sidecar"`` (the runner's ``devices_per_host``),
+      ``"single-process"`` or None;
     * ``slice_of``: physical device -> slice index (TPU multi-slice: the
       devices of a slice are joined by ICI, slices by DCN), or None when the
       dump says nothing of slices (one slice, or not a TPU);
@@ -61,6 +70,30 @@ class DeviceMap:
     host_source: str | None = None
     slice_of: dict[int, int] | None = None
     platform: str | None = None
+
+    @property
+    def assignment_note(self) -> str | None:
+        """The sentence a finding adds when the device assignment was not in the dump
+        (jax 0.4, torch_xla): logical ids were taken as device ids. None otherwise."""
+        if self.assignment_source != "identity":
+            return None
+        return "no device assignment in the dump; identity assumed"
+
+    @property
+    def host_note(self) -> str | None:
+        """The sentence a finding adds when hosts are a guess of contiguous ids on a TPU
+        (``--devices-per-host`` or the runner's count), where hosts are blocks of the chip
+        grid instead; None when the hosts came from the devices themselves."""
+        if self.platform != "tpu" or self.devices_per_host is None:
+            return None
+        if self.host_source not in ("argument", "sidecar", "single-process"):
+            return None
+        return (f"hosts assumed to be runs of {self.devices_per_host} contiguous device ids "
+                "(--devices-per-host); TPU hosts are blocks of the chip grid, so this is a guess")
+
+    def assumption_notes(self) -> tuple[str, ...]:
+        """Every assumption the map makes, as sentences for a finding (possibly none)."""
+        return tuple(n for n in (self.assignment_note, self.host_note) if n is not None)
 
     @property
     def num_devices(self) -> int:
@@ -177,8 +210,18 @@ def device_map(
     host_of: dict[int, int] | None = None
     per_host: int | None = None
     host_source: str | None = None
+    slice_of: dict[int, int] | None = None
+    platform = _platform(dump_module, run_record)
     record_per_host = run_record.get("devices_per_host") if run_record is not None else None
     processes = topology_process_indices(topology) if topology is not None else None
+    recorded = recorded_devices(run_record)
+    tpu_grid = topology.tpu_topology() if topology is not None else None
+    if recorded is not None:
+        slice_of = {d: s for d, (_, s) in recorded.items() if s is not None} or None
+    elif platform == "tpu":
+        from hlo_doctor.dump.tpu import slice_of as megascale_slices
+
+        slice_of = megascale_slices(assignment)
     if devices_per_host is not None:
         if devices_per_host < 1:
             raise ValueError(f"devices_per_host must be positive, not {devices_per_host}")
@@ -186,6 +229,14 @@ def device_map(
     elif processes is not None and len(set(processes)) > 1:
         host_of = dict(enumerate(processes))
         per_host = _even_hosts(processes)
+        host_source = "topology"
+    elif recorded is not None and all(d in recorded for d in assignment):
+        host_of = {d: p for d, (p, _) in recorded.items()}
+        per_host = _even_run(host_of)
+        host_source = "sidecar-devices"
+    elif tpu_grid is not None and (grid_hosts := tpu_grid.host_of(assignment)) is not None:
+        host_of = grid_hosts
+        per_host = _even_run(host_of)
         host_source = "topology"
     elif isinstance(record_per_host, int) and record_per_host > 0:
         per_host, host_source = record_per_host, "sidecar"
@@ -201,7 +252,46 @@ def device_map(
         num_partitions=num_partitions,
         assignment_source=assignment_source,
         host_source=host_source,
+        slice_of=slice_of,
+        platform=platform,
     )
+
+
+def recorded_devices(run_record: Mapping[str, object] | None) -> dict[int, tuple[int, int | None]] | None:
+    """Device id -> (process_index, slice_index or None) from the runner's sidecar
+    ``devices`` list (deviceless target compiles); None when it has none."""
+    if run_record is None:
+        return None
+    devices = run_record.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return None
+    out: dict[int, tuple[int, int | None]] = {}
+    for device in devices:
+        if not isinstance(device, Mapping):
+            return None
+        ident, process = device.get("id"), device.get("process_index")
+        if not isinstance(ident, int) or not isinstance(process, int):
+            return None
+        index = device.get("slice_index")
+        out[ident] = (process, index if isinstance(index, int) else None)
+    return out
+
+
+def _platform(dump_module: DumpModule | None, run_record: Mapping[str, object] | None) -> str | None:
+    platform = dump_module.platform if dump_module is not None else None
+    if platform is not None:
+        return platform
+    target = run_record.get("target") if run_record is not None else None
+    if isinstance(target, Mapping):
+        name = str(target.get("platform") or "")
+        return {"cuda": "gpu", "rocm": "gpu"}.get(name, name or None)
+    return None
+
+
+def _even_run(host_of: Mapping[int, int]) -> int | None:
+    """N when every host holds a run of N consecutive device ids in order, else None."""
+    ids = sorted(host_of)
+    return _even_hosts(tuple(host_of[d] for d in ids)) if ids == list(range(len(ids))) else None
 
 
 def _even_hosts(processes: tuple[int, ...]) -> int | None:
@@ -236,57 +326,16 @@ def topology_process_indices(topology: Topology) -> tuple[int, ...] | None:
     return None
 
 
-# -- a minimal protobuf wire-format reader, for CpuTopologyProto only --------
-
-
 def _cpu_topology_processes(data: bytes) -> tuple[int, ...] | None:
+    """``CpuTopologyProto``: repeated CpuDevice ``cpu_devices`` (1) with ``process_index`` (2)."""
+    from hlo_doctor.dump import protowire
+
     devices: list[int] = []
-    for field, wire, value in _fields(data):
-        if field == 1 and wire == 2:  # repeated CpuDevice cpu_devices = 1
-            process = 0
-            assert isinstance(value, bytes)
-            for sub_field, sub_wire, sub_value in _fields(value):
-                if sub_field == 2 and sub_wire == 0:  # int32 process_index = 2
-                    assert isinstance(sub_value, int)
-                    process = sub_value
-            devices.append(process)
+    try:
+        for device in protowire.all_of(data, 1):
+            if isinstance(device, bytes):
+                process = protowire.first(device, 2)
+                devices.append(process if isinstance(process, int) else 0)
+    except protowire.WireError as error:
+        raise ValueError(str(error)) from None
     return tuple(devices) if devices else None
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _fields(data: bytes) -> list[tuple[int, int, int | bytes]]:
-    out: list[tuple[int, int, int | bytes]] = []
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            out.append((field, wire, value))
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            if pos + length > len(data):
-                raise ValueError("truncated field")
-            out.append((field, wire, data[pos : pos + length]))
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-    return out

@@ -246,7 +246,13 @@ class _Axes:
         if axes is None:
             instruction = self.graph.instruction(key)
             shape = instruction.shape
-            axes = {} if shape.is_tuple else axes_of(instruction.sharding, shape.rank, self.devices, self.mesh)
+            sharding = instruction.sharding
+            if shape.is_tuple and len(shape.tuple_shapes) == 1 and sharding is not None and \
+                    len(sharding.tuple_elements) == 1:
+                # a one-element tuple (the export's result wrapper): its element's axes
+                axes = axes_of(sharding.tuple_elements[0], shape.tuple_shapes[0].rank, self.devices, self.mesh)
+            else:
+                axes = {} if shape.is_tuple else axes_of(sharding, shape.rank, self.devices, self.mesh)
             self.cache[key] = axes
         return axes
 

@@ -170,6 +170,21 @@ class _Scope:
         return None
 
 
+def _export_tuple(entry: Computation, name: str | None) -> str | None:
+    """The ``tuple`` the MLIR->HLO export put in front of a result: when a returned value's
+    sharding differs from the result's, the export returns ``get-tuple-element(tuple(value))``
+    with the result's sharding on the get-tuple-element. Neither op is in Shardy's MLIR, so
+    both take the function result's origins, axis by axis; None when ``name`` is no such
+    get-tuple-element."""
+    instruction = entry.get(name) if name is not None else None
+    if instruction is None or instruction.opcode != "get-tuple-element" or len(instruction.operands) != 1:
+        return None
+    operand = entry.get(instruction.operands[0])
+    if operand is None or operand.opcode != "tuple":
+        return None
+    return operand.name
+
+
 def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
     """Read Shardy's origins from ``path`` and map them to ``module``'s entry."""
     text = Path(path).read_text(encoding="utf-8")
@@ -211,6 +226,9 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
                 elif index == 0:
                     name = root.name
             result.values.append(ShardyValue(f"result{index}", main_line + 1, origins[0], name))
+            wrapper = _export_tuple(entry, name)
+            if wrapper is not None:
+                result.values.append(ShardyValue(f"result{index}", main_line + 1, origins[0], wrapper))
     # Ops of @main's body: the indentation of its first op is the top level.
     # The ops of a top-level while's `cond` and `do` regions (one level deeper)
     # map to the HLO while's condition and body computations the same way.

@@ -105,6 +105,18 @@ class Parser(Scanner):
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
         self._synthetic = 0
+        self._synthetic_names: set[str] = set()
+
+    def synthetic_computation_name(self, base: str) -> str:
+        """A name for a computation the parser makes (an async wrapper, an inline body):
+        ``base``, or ``base.N`` when an instruction of the same name in another inline
+        body already gave one out. Computation names stay unique in a module."""
+        name, count = base, 0
+        while name in self._synthetic_names:
+            count += 1
+            name = f"{base}.{count}"
+        self._synthetic_names.add(name)
+        return name
 
     # -- positions and errors -------------------------------------------------
 
@@ -486,7 +498,7 @@ class Parser(Scanner):
                 called=called,
             )
         )
-        wrapped_name = f"{name}.async_wrapped"
+        wrapped_name = self.synthetic_computation_name(f"{name}.async_wrapped")
         self.computations.append(
             make_computation(wrapped_name, inner, self.position(self.pos), False, (), None)
         )
@@ -612,7 +624,7 @@ class Parser(Scanner):
     def parse_inline_computation(self, owner: str, key: str) -> str:
         start = self.pos
         self._synthetic += 1
-        name = f"{owner}.{key}.{self._synthetic}"
+        name = self.synthetic_computation_name(f"{owner}.{key}.{self._synthetic}")
         self.parse_computation_body(name, start, False, [])
         return name
 

@@ -89,14 +89,18 @@ def _recorded_axes(ctx: RuleContext, dims: tuple[int, ...]) -> tuple[str, ...] |
 def parameter_name(ctx: RuleContext, param: Instruction) -> str:
     """How the user knows an entry parameter: JAX's argument name (``x``), else its name after propagation.
 
-    The partitioner copies a parameter's metadata, so a per-device parameter that carries JAX's
-    argument name answers without the global-shape snapshot.
+    The argument name is read from the ``before_optimizations`` module first: the partitioner
+    copies a parameter's metadata, but not always faithfully (a jax 0.4.35 Shardy compile
+    labelled the partitioned parameter 0 ``b2``); then from the parameter itself.
     """
+    number = param.parameter_number
     if ctx.framework != "torch_xla":
+        original = ctx.argument_names.get(number) if number is not None else None
+        if original is not None:
+            return original
         name = argument_name(param)
         if name != param.name:
             return name
-    number = param.parameter_number
     module = ctx.sharded
     if number is not None and module is not None and module.entry is not None:
         param = next((p for p in module.entry.parameters() if p.parameter_number == number), param)

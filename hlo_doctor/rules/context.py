@@ -134,6 +134,22 @@ class RuleContext:
         return value or 1
 
     @cached_property
+    def argument_names(self) -> dict[int, str]:
+        """Entry parameter number -> the user's argument name, from ``before_optimizations``
+        (the names as JAX lowered them, before any pass could relabel them); {} without it."""
+        module = self.before_optimizations
+        if module is None or module.entry is None:
+            return {}
+        from hlo_doctor.rules._suggest import argument_name
+
+        names: dict[int, str] = {}
+        for param in module.entry.parameters():
+            name = argument_name(param)
+            if param.parameter_number is not None and name != param.name:
+                names[param.parameter_number] = name
+        return names
+
+    @cached_property
     def framework(self) -> str | None:
         record = self.dump.run_record or {}
         framework = record.get("framework") if isinstance(record, dict) else None
@@ -171,7 +187,13 @@ class RuleContext:
     @cached_property
     def device_map(self) -> DeviceMap:
         """Logical partition id -> physical device, and each device's host."""
-        return device_map(self.module, self.dump.run_record, self.devices_per_host)
+        # Only an explicit --devices-per-host overrides what the dump and the runner's record
+        # say per device (TPU hosts are blocks of the chip grid, not runs of ids); the
+        # hardware profile's count is the last resort.
+        found = device_map(self.module, self.dump.run_record, self.options.devices_per_host or None)
+        if found.host_of is None and self.devices_per_host:
+            found = device_map(self.module, self.dump.run_record, self.devices_per_host)
+        return found
 
     # -- source locations ----------------------------------------------------
     def user_source(self, instruction: Instruction) -> tuple[SourceRef | None, bool]:

@@ -1,7 +1,9 @@
 """Hardware profiles: peak bf16 FLOP/s and collective bandwidth, for cost estimates.
 
 Bundled profiles live in ``hlo_doctor/rules/profiles/NAME.json`` (``h100``,
-``a100``, ``tpu-v4``, ``tpu-v5e``), each with the sources of its numbers.
+``a100``, ``tpu-v4``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``), each with the
+sources of its numbers. :func:`profile_for_dump` picks one from what a dumped
+module says about its hardware (a TPU dump's topology names the chip).
 ``--hardware`` takes a bundled name or the path of a JSON file with the same
 keys. Bandwidths are bytes per second *each way* per device, the figure a
 ring collective is limited by; they are datasheet peaks, so estimates from
@@ -14,10 +16,14 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hlo_doctor.errors import InputError
 
-__all__ = ["HardwareProfile", "bundled_profiles", "load_profile"]
+if TYPE_CHECKING:
+    from hlo_doctor.dump import DumpModule
+
+__all__ = ["HardwareProfile", "bundled_profiles", "load_profile", "profile_for_dump"]
 
 _FIELDS = ("name", "peak_bf16_flops", "intra_host_bandwidth", "inter_host_bandwidth", "devices_per_host")
 
@@ -122,3 +128,16 @@ def profile_for_backend(backend: str | None) -> HardwareProfile | None:
         arch = f"{digits[:-1]}.{digits[-1]}{arch[len(digits):]}"
     name = _GPU_ARCHITECTURES.get(arch)
     return bundled_profiles().get(name) if name else None
+
+
+def profile_for_dump(dump_module: DumpModule | None) -> HardwareProfile | None:
+    """The bundled profile of the hardware a module was compiled for: a TPU's chip from
+    ``topology.textproto`` (``tpu-v4``, ``tpu-v5e``, ``tpu-v5p``, ``tpu-v6e``), a GPU's from
+    the optimized module's backend prefix (``sm_9.0a_gpu`` -> ``h100``); None for CPU
+    dumps and unknown hardware."""
+    if dump_module is None:
+        return None
+    chip = dump_module.tpu_chip
+    if chip:
+        return bundled_profiles().get(f"tpu-{chip}")
+    return profile_for_backend(dump_module.backend)

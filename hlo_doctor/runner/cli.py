@@ -14,7 +14,7 @@ import click
 from hlo_doctor.runner.detect import FrameworkError, detect_framework
 from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
 from hlo_doctor.runner.run import RunError, RunResult, run_example, run_script
-from hlo_doctor.runner.targets import TargetError, parse_target, target_names
+from hlo_doctor.runner.targets import TARGET_SPECS, TargetError, parse_target
 
 _ANALYSIS_MODULE = "hlo_doctor.analysis"
 
@@ -49,9 +49,15 @@ def _summarize(result: RunResult) -> None:
     )
     if sidecar.get("target"):
         t = sidecar["target"]
-        click.echo(f"target {t['name']}: {t['hosts']} hosts x {t['devices_per_host']} devices "
-                   f"({t.get('device_kind', t['platform'])}), "
-                   f"{len(sidecar.get('device_assignments') or {})} modules compiled")
+        if t.get("platform") == "tpu":
+            click.echo(f"target {t['topology_name']} ({t.get('device_kind', 'TPU')}): "
+                       f"{len(sidecar.get('devices') or [])} devices on "
+                       f"{len(sidecar.get('hosts') or [])} hosts, {t['num_slices']} slice(s), "
+                       f"{len(sidecar.get('compiles') or [])} compiles")
+        else:
+            click.echo(f"target {t['name']}: {t['hosts']} hosts x {t['devices_per_host']} devices "
+                       f"({t.get('device_kind', t['platform'])}), "
+                       f"{len(sidecar.get('device_assignments') or {})} modules compiled")
     for mesh in sidecar["meshes"]:
         axes = ", ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"], strict=True))
         click.echo(f"mesh ({axes}) devices {mesh['device_ids']}")
@@ -83,10 +89,11 @@ def _analyze(dump_dir: Path) -> None:
               help="Run a gallery example instead of a script (see `hlo-doctor examples`).")
 @click.option("--variant", type=click.Choice(["bad", "fixed", "healthy"]),
               help="The example's variant (default: its first).")
-@click.option("--target", "target", metavar="NAME[:HOSTSxDEVICES]",
-              help=f"JAX only: compile for a GPU cluster without a GPU, e.g. h100:2x8 "
-                   f"({', '.join(target_names())}; default 1x8). Jitted calls are compiled, "
-                   f"not run. Needs `pip install hlo-doctor[gpu-target]`.")
+@click.option("--target", "target", metavar="TARGET",
+              help=f"JAX only: compile without the hardware for a GPU cluster, e.g. h100:2x8 "
+                   f"({', '.join(sorted(TARGET_SPECS))}; default 1x8; needs the gpu-target extra), "
+                   f"or a TPU slice, e.g. v4:4x4x8, v4-256, v5e:4x4, v5e:4x4x2slices "
+                   f"(multi-slice; needs the tpu-target extra). Jitted calls are compiled, not run.")
 @click.option("--target-config", type=click.Path(dir_okay=False, path_type=Path),
               help="Your own GpuTargetConfigProto text file for --target (NAME is then free).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -97,6 +104,7 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
     \b
       hlo-doctor run --devices 8 -- python train.py --steps 1
       hlo-doctor run --target h100:2x8 -- python train.py
+      hlo-doctor run --target v4:4x4x8 -- python train.py
       hlo-doctor run --example fsdp-activation-gather --variant bad
       hlo-doctor run --example fsdp-activation-gather --target a100:2x8
     """

@@ -13,6 +13,10 @@ EVENTS_VAR = "HLO_DOCTOR_EVENTS"
 USER_PATHS_VAR = "HLO_DOCTOR_USER_PATHS"
 TARGET_VAR = "HLO_DOCTOR_TARGET"
 PARTITIONERS = ("shardy", "gspmd")
+# A deviceless TPU compile touches no TPU: let several run at once (libtpu otherwise holds
+# /tmp/libtpu_lockfile per process), skip the GCE metadata server, and name no workers.
+TPU_DEVICELESS_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
+                      "TPU_WORKER_HOSTNAMES": "localhost"}
 
 
 def build_env(
@@ -56,6 +60,9 @@ def build_env(
         if target is not None:
             env["JAX_PLATFORMS"] = "cpu"
             env[TARGET_VAR] = target
+            if '"platform": "tpu"' in target:
+                for name, value in TPU_DEVICELESS_ENV.items():
+                    env.setdefault(name, value)
         if partitioner is not None:
             env["JAX_USE_SHARDY_PARTITIONER"] = "1" if partitioner == "shardy" else "0"
     elif framework == TORCH_XLA:

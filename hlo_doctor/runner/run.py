@@ -23,6 +23,7 @@ from hlo_doctor.runner.sidecar import (
     write_sidecar,
 )
 from hlo_doctor.runner.targets import Target, parse_target, target_env_value
+from hlo_doctor.runner.tpu_targets import TpuTarget
 from hlo_doctor.runner.trim import DEFAULT_SIZE_CAP, TrimReport, trim_dump
 
 STDERR_TAIL_LINES = 20
@@ -111,7 +112,7 @@ def run_script(
     timeout: float | None = None,
     size_cap: int = DEFAULT_SIZE_CAP,
     example: dict[str, str] | None = None,
-    target: Target | None = None,
+    target: Target | TpuTarget | None = None,
     xla_flags: Mapping[str, str | None] | None = None,
 ) -> RunResult:
     """Run ``python script *args`` with HLO dumping on, then write the sidecar and trim.
@@ -181,7 +182,7 @@ def run_example(
     echo: bool = False,
     echo_stderr: bool = False,
     timeout: float | None = None,
-    target: str | Target | None = None,
+    target: str | Target | TpuTarget | None = None,
 ) -> RunResult:
     """Run one gallery example (see ``hlo_doctor.examples``) through :func:`run_script`.
 
@@ -210,7 +211,7 @@ def run_example(
             from hlo_doctor.examples import EXAMPLES
 
             able = ", ".join(e.name for e in EXAMPLES if e.targets)
-            raise ValueError(f"example {name!r} does not compile for a GPU target; "
+            raise ValueError(f"example {name!r} does not compile for a deviceless target; "
                              f"these do: {able}")
         args += ["--devices", str(target.device_count),
                  "--devices-per-host", str(target.devices_per_host)]

@@ -23,7 +23,11 @@ Schema (version 1)::
      "target": {"name": "h100", "config": PATH, "config_path": PATH, "hosts": 2,
                 "devices_per_host": 8, "device_count": 16, "platform": "cuda",
                 "topology": "1x2x8", "device_kind": "NVIDIA H100 80GB HBM3"},
-     "devices": [{"id": 0, "process_index": 0, "kind": ...}, ...],
+     #   a TPU target instead: {"name": "v4", "platform": "tpu", "topology_name": "v4:4x4x8",
+     #   "num_slices": 1, "chips_per_slice": 128, "hosts": 32, "devices_per_host": 4,
+     #   "device_count": 128, "cores_per_chip": 2, "one_device_per_chip": true, "device_kind": "TPU v4"}
+     "devices": [{"id": 0, "process_index": 0, "kind": ...,
+                  "slice_index": 0, "coords": [0, 0, 0], "core_on_chip": 0}, ...],  # TPU adds the last three
      "hosts": [{"process_index": 0, "device_ids": [0, ..., 7]}, ...],
      "compiles": [{"function": ..., "device_ids": [...]}],  # each jit call compiled
      "device_assignments": {"module_0001.jit_f": [0, 1, ...]}}  # from *config.pbtxt

@@ -1,5 +1,8 @@
 """GPU targets for deviceless compiles: ``hlo-doctor run --target h100:2x8``.
 
+TPU targets (``v4:4x4x8``, ``v4-256``, ``v5e:4x4x2slices``) parse here too and
+live in :mod:`hlo_doctor.runner.tpu_targets`.
+
 A target is a GPU model (a ``stream_executor.GpuTargetConfigProto`` text file)
 and a cluster shape, HOSTS x DEVICES per host. JAX's CUDA plugin compiles for
 it on a CPU-only machine (``JAX_PLATFORMS=cpu``): the real XLA:GPU pipeline
@@ -47,7 +50,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hlo_doctor.runner.tpu_targets import TpuTarget
 
 CONFIG_DIR = Path(__file__).parent / "target_configs"
 PLATFORM = "cuda"
@@ -132,21 +138,35 @@ class Target:
 
 
 def target_names() -> tuple[str, ...]:
-    return tuple(sorted(TARGET_SPECS))
+    from hlo_doctor.runner.tpu_targets import CHIPS
+
+    return tuple(sorted(TARGET_SPECS)) + CHIPS
 
 
 def _choices() -> str:
-    return ", ".join(f"{n}[:HOSTSxDEVICES]" for n in target_names())
+    return ", ".join(f"{n}[:HOSTSxDEVICES]" for n in sorted(TARGET_SPECS)) + (
+        ", or a TPU: v4:4x4x8, v4-256, v5p:2x2x1, v5e:4x4, v6e:2x2 (xNslices for multi-slice)")
 
 
-def parse_target(text: str | None, *, config_file: str | Path | None = None) -> Target:
-    """``"h100"``, ``"h100:2x8"`` or, with ``config_file``, any ``NAME[:HOSTSxDEVICES]``.
+def parse_target(text: str | None, *, config_file: str | Path | None = None) -> Target | TpuTarget:
+    """``"h100"``, ``"h100:2x8"`` or, with ``config_file``, any ``NAME[:HOSTSxDEVICES]``;
+    a TPU (``"v4:4x4x8"``, ``"v4-256"``, ``"v5e:4x4x2slices"``) gives a
+    :class:`~hlo_doctor.runner.tpu_targets.TpuTarget`.
 
     Without ``text`` the config file's stem names the target (1 host x 8 devices).
     Raises :class:`TargetError` with the valid choices.
     """
     if text is None and config_file is None:
         raise TargetError(f"give a target: one of {_choices()}")
+    from hlo_doctor.runner.tpu_targets import TpuTargetError, is_tpu_target_name, parse_tpu_target
+
+    if text is not None and is_tpu_target_name(text):
+        if config_file is not None:
+            raise TargetError("--target-config is a GPU config; a TPU target takes none")
+        try:
+            return parse_tpu_target(text)
+        except TpuTargetError as error:
+            raise TargetError(str(error)) from None
     name, _, shape = (text or "").strip().partition(":")
     name = name.strip().lower()
     spec = TARGET_SPECS.get(name)
@@ -193,7 +213,7 @@ def check_config_file(path: Path) -> None:
         )
 
 
-def target_env_value(target: Target) -> str:
+def target_env_value(target: Target | TpuTarget) -> str:
     """The ``HLO_DOCTOR_TARGET`` value the child reads."""
     return json.dumps(target.to_json(), sort_keys=True)
 
@@ -211,12 +231,20 @@ class TargetCompile:
     compiled: Any
 
 
-def target_devices(target: str | Target) -> list[Any]:
+def target_devices(target: str | Target | TpuTarget) -> list[Any]:
     """The compile-only JAX devices of a target, to build meshes for :func:`compile_for_target`."""
     target = parse_target(target) if isinstance(target, str) else target
     _use_cpu_platform()
     from hlo_doctor.runner._child import deviceless
 
+    if target.platform == "tpu":
+        import os
+
+        from hlo_doctor.runner.environment import TPU_DEVICELESS_ENV
+
+        for name, value in TPU_DEVICELESS_ENV.items():
+            os.environ.setdefault(name, value)  # read when libtpu loads
+        return deviceless.tpu_topology_devices(target.topology_name, target.slices)
     return deviceless.topology_devices(target.config_text(), target.hosts,
                                        target.devices_per_host, target.name)
 
@@ -224,7 +252,7 @@ def target_devices(target: str | Target) -> list[Any]:
 def compile_for_target(
     fn: Any,
     *args: Any,
-    target: str | Target,
+    target: str | Target | TpuTarget,
     dump_dir: str | Path,
     compiler_options: Mapping[str, Any] | None = None,
     **jit_kwargs: Any,
@@ -262,9 +290,7 @@ def compile_for_target(
     from hlo_doctor.runner._child import deviceless
 
     events: list[dict[str, Any]] = [{
-        "event": "target_devices",
-        "devices": [{"id": int(d.id), "process_index": int(d.process_index),
-                     "kind": str(d.device_kind)} for d in devices],
+        "event": "target_devices", "devices": [deviceless.device_record(d) for d in devices],
     }]
     shardings = [s for s in jax.tree_util.tree_leaves(compiled.input_shardings)
                  if deviceless.on_target(s)]
@@ -285,7 +311,7 @@ def compile_for_target(
 
 
 def _use_cpu_platform() -> None:
-    """The CUDA plugin compiles deviceless only while JAX's platform is the CPU."""
+    """The CUDA plugin and libtpu compile deviceless only while JAX's platform is the CPU."""
     import jax
     from jax._src import xla_bridge
 

@@ -4,8 +4,8 @@ Kept: HLO text snapshots, ``module_*/module.mlir`` and the Shardy MLIR under
 ``shardy/``, compile options, topology, debug options, and any other file up to
 the size cap. Removed: LLVM IR (``*.ll``), object files, PTX and other
 kernels, other (kernel) MLIR, buffer assignments, live ranges, memory-usage
-reports, GPU thunk sequences and autotuning results, and non-HLO files over
-the cap. A GPU compile's ``*.config.pbtxt`` and ``*.gpu_target_config.pbtxt`` stay.
+reports, GPU thunk sequences and autotuning results, TPU's extra copies of the
+optimized module, and non-HLO files over the cap. A GPU compile's ``*.config.pbtxt`` and ``*.gpu_target_config.pbtxt`` stay.
 """
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hlo_doctor.dump.names import parse_compile_dir_name
+
 DEFAULT_SIZE_CAP = 1 << 20
 _DROP_SUFFIXES = (".ll", ".o", ".bc", ".ptx", ".cubin", ".fatbin")
 _SIDECAR = "hlo_doctor_run.json"
 # Not HLO snapshots, and never read: "...after_optimizations-buffer-assignment.txt" etc.
 _DROP_NAME_PARTS = ("-buffer-assignment", "-live-range", "-memory-usage-report",
                     ".thunk_sequence", ".thunk_metadata", ".autotune_results")
+# TPU writes the optimized module three more times (before and after buffer assignment,
+# after codegen); after_optimizations.txt is the one read.
+_DROP_NAME_ENDINGS = (".after_optimizations_after_buffer_assignment.txt",
+                      ".after_optimizations_before_buffer_assignment.txt", ".after_codegen.txt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +45,8 @@ def _is_kept_mlir(relative: Path) -> bool:
     if "shardy" in relative.parts[:-1]:
         return True
     if relative.name == "module.mlir" and len(relative.parts) == 2:
-        return relative.parts[0].startswith("module_")
+        # module_NNNN.NAME/module.mlir, or jax 0.7's jit_NAME_TIMESTAMP/module.mlir
+        return relative.parts[0].startswith("module_") or parse_compile_dir_name(relative.parts[0]) is not None
     return "sdy" in relative.name
 
 
@@ -49,6 +56,8 @@ def should_remove(path: Path, relative: Path, size_cap: int) -> bool:
     if path.suffix in _DROP_SUFFIXES:
         return True
     if any(part in relative.name for part in _DROP_NAME_PARTS):
+        return True
+    if relative.name.endswith(_DROP_NAME_ENDINGS):
         return True
     if path.suffix == ".mlir":
         return not _is_kept_mlir(relative)

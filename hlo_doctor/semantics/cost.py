@@ -2,8 +2,10 @@
 
 **FLOPs.** A ``dot`` does ``2 * |output| * prod(contracting dims)`` (batch
 dims are part of the output, so a batched matmul counts each batch once); a
-``convolution`` ``2 * |output| * |kernel| / output features`` (grouped
-convolutions included: the kernel's input-feature dim is already divided); a
+``convolution`` ``2 * |output| * input features per group * kernel taps``,
+where a spatial dim's taps are ``ceil(window / lhs_dilate)`` (the kernel's
+input-feature dim is already divided by the group count; TPU's matmuls
+written as base-dilated convolutions meet one real input per batch dim); a
 GEMM library call (``__cublas$gemm``, ``__cublas$lt$matmul``) reads its
 contracting dims from ``gemm_backend_config``; a fusion counts the matmuls
 it fuses. Times are per device, at the profile's dense peak for the matmul's
@@ -15,6 +17,10 @@ GPU, slices on TPU) the inter-host / inter-slice bandwidth, else the
 intra-host (NVLink, ICI) one. Latency is not modelled, so times are lower
 bounds: the model's documented accuracy is the bandwidth figures' (datasheet
 peaks, within about 2x of what a collective achieves).
+
+**Links.** Collectives inside the fast domain and those across the slow
+boundary use different links and run side by side: the step's communication
+time is that of its busiest link.
 
 **Overlap.** In a scheduled module an async collective hides behind the
 matmuls scheduled between its start and its done; a synchronous one hides
@@ -73,18 +79,7 @@ def matmul_flops(instruction: Instruction, computation: Computation, module: Hlo
                                if d < lhs.shape.rank)
         return 2.0 * instruction.shape.num_elements * contracted
     if opcode == "convolution" and len(instruction.operands) >= 2:
-        rhs = computation.get(instruction.operands[1])
-        result = instruction.shape if not instruction.shape.is_tuple else next(instruction.shape.leaves(), None)
-        if rhs is None or result is None or rhs.shape.is_tuple:
-            return 0.0
-        labels = (instruction.attribute("dim_labels") or "").strip()
-        kernel_labels = labels.split("_")[1].split("->")[0] if labels.count("_") >= 1 and "->" in labels else ""
-        kernel = rhs.shape.dims
-        if len(kernel_labels) == len(kernel) and "o" in kernel_labels:
-            output_features = kernel[kernel_labels.index("o")]
-        else:
-            output_features = kernel[-1] if kernel else 1
-        return 2.0 * result.num_elements * (math.prod(kernel) // max(output_features, 1))
+        return _convolution_flops(instruction, computation)
     if opcode == "custom-call":
         target = (instruction.attribute("custom_call_target") or "").strip('"')
         if target in _GEMM_TARGETS:
@@ -94,6 +89,46 @@ def matmul_flops(instruction: Instruction, computation: Computation, module: Hlo
         memo = _memo if _memo is not None else {}
         return sum(_computation_flops(module, name, memo) for name in instruction.called_computations)
     return 0.0
+
+
+def _convolution_flops(instruction: Instruction, computation: Computation) -> float:
+    """2 * |output| * input features per group * the kernel taps that land on real input.
+
+    A tap count per spatial dim is ``ceil(window / lhs_dilate)``: TPU writes a matmul's batch
+    dims as spatial dims of a base-dilated convolution (``lhs_dilate`` = window size), where
+    each output element meets one real input element per such dim, not a whole window.
+    """
+    rhs = computation.get(instruction.operands[1])
+    result = instruction.shape if not instruction.shape.is_tuple else next(instruction.shape.leaves(), None)
+    if rhs is None or result is None or rhs.shape.is_tuple:
+        return 0.0
+    labels = (instruction.attribute("dim_labels") or "").strip()
+    kernel_labels = labels.split("_", 1)[1].split("->")[0] if "_" in labels and "->" in labels else ""
+    kernel = rhs.shape.dims
+    if len(kernel_labels) == len(kernel) and "i" in kernel_labels:
+        input_features = kernel[kernel_labels.index("i")]
+        spatial = [kernel[i] for i, label in enumerate(kernel_labels) if label not in "io"]
+    else:  # no labels: the last kernel dim is the output features
+        input_features = math.prod(kernel[:-1]) if kernel else 1
+        spatial = []
+    window = _window(instruction.attribute("window"))
+    sizes = window.get("size") or spatial
+    dilation = window.get("lhs_dilate") or [1] * len(sizes)
+    taps = math.prod(-(-size // max(dilate, 1)) for size, dilate in zip(sizes, dilation))
+    return 2.0 * result.num_elements * input_features * taps
+
+
+def _window(text: str | None) -> dict[str, list[int]]:
+    """``window={size=8x32 stride=7x31 lhs_dilate=8x32}`` -> {"size": [8, 32], ...}."""
+    out: dict[str, list[int]] = {}
+    for part in (text or "").strip("{} ").split():
+        key, _, value = part.partition("=")
+        if key in ("size", "lhs_dilate") and value:
+            try:
+                out[key] = [int(v) for v in value.split("x")]
+            except ValueError:
+                continue
+    return out
 
 
 def _gemm_flops(instruction: Instruction, computation: Computation) -> float:
@@ -165,6 +200,13 @@ class StepCost:
     exposed_communication_seconds: float
     flops: float
     by_role: dict[str, float]  # role -> communication seconds
+    link_seconds: float = 0.0  # the busiest link's: collectives on different links run side by side
+
+    @property
+    def bound_fraction(self) -> float:
+        """The busiest link's time over it plus compute: at 0.5 or more, communication bounds the step."""
+        total = self.compute_seconds + self.link_seconds
+        return self.link_seconds / total if total > 0 else 0.0
 
     @property
     def communication_fraction(self) -> float:
@@ -209,11 +251,14 @@ class CostModel:
         exposed = 0.0
         hideable = 0.0
         by_role: dict[str, float] = {}
+        by_link: dict[bool, float] = {}
         scheduled = module is not None and (module.attribute("is_scheduled") or "").strip() == "true"
         for role in self.semantics.roles:
             facts = role.facts
             seconds = self.collective_seconds(facts) * facts.executions.count
             communication += seconds
+            link = bool(facts.crosses_slow_boundary)
+            by_link[link] = by_link.get(link, 0.0) + seconds
             by_role[role.role] = by_role.get(role.role, 0.0) + seconds
             if scheduled and facts.schedule_position is not None:
                 exposed += max(0.0, seconds - self._overlap_seconds(facts) * facts.executions.count)
@@ -222,7 +267,8 @@ class CostModel:
             else:
                 exposed += seconds
         exposed += max(0.0, hideable - compute)
-        return StepCost(compute, communication, exposed, sum(flops_by_type.values()), by_role)
+        return StepCost(compute, communication, exposed, sum(flops_by_type.values()), by_role,
+                        max(by_link.values(), default=0.0))
 
     def _overlap_seconds(self, facts: CollectiveFacts) -> float:
         """Matmul time scheduled between an async collective's start and its done."""

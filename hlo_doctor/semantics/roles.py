@@ -11,7 +11,9 @@ Every collective (and every operand of a combined one) gets one role:
     an all-reduce / reduce-scatter of a value that still carries the batch
     dim: a tensor-parallel partial sum.
 ``activation-gather``
-    an all-gather of a value that carries the batch dim.
+    an all-gather of a value that carries the batch dim, or a ring rotation
+    (collective-permute whose pairs close into cycles) of data: a gather in
+    pieces, as XLA's windowed einsums do (of weights: ``weight-gather``).
 ``reshard``
     a collective-permute or all-to-all that moves a value between two
     shardings, or an all-gather that is sliced again (XLA's involuntary full
@@ -20,7 +22,7 @@ Every collective (and every operand of a combined one) gets one role:
     an all-to-all next to a matmul whose batch dim pairs tokens with the
     expert-sharded weights (MoE), and every ragged-all-to-all.
 ``pipeline-send``
-    a collective-permute of data that a loop carries between iterations
+    a collective-permute (not a ring: the last stage sends to no one) of data that a loop carries between iterations
     (its result goes into the loop state, or it sends what the previous
     iteration left there) and that a matmul with a weight computed.
 ``scalar-reduce``
@@ -154,6 +156,15 @@ class _Judge:
             return OperandRole("reshard", tuple(sorted(derived)),
                                "an all-to-all that moves the sharded dim of a value: a reshard")
         if kind == "collective-permute":
+            if _is_ring(facts.op.logical_groups):
+                # every device passes its block on around a cycle: a gather in pieces (XLA's windowed
+                # einsum / collective matmul), of a weight or of an activation
+                if not data:
+                    return OperandRole("weight-gather", tuple(sorted(weights)),
+                                       f"a ring rotation of the weights {self.names(weights)}: a gather in pieces")
+                return OperandRole("activation-gather", tuple(sorted(data)),
+                                   "a ring rotation of data: an activation gathered in pieces (a windowed "
+                                   "einsum / collective matmul)")
             stage = self.pipeline_stage(facts, operand) if data else None
             if stage is not None:
                 return OperandRole("pipeline-send", tuple(sorted(data)),
@@ -329,6 +340,15 @@ class _Judge:
                 return False
             node = sources[0]
         return False
+
+
+def _is_ring(pairs: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether source->target pairs close into cycles (every source is also a target): a rotation."""
+    real = [p for p in pairs if len(p) == 2 and p[0] != p[1]]
+    if not real:
+        return False
+    sources, targets = {a for a, _ in real}, {b for _, b in real}
+    return sources == targets
 
 
 def assign_roles(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
-from hlo_doctor.rules.hardware import profile_for_backend
+from hlo_doctor.rules.hardware import profile_for_dump
 from hlo_doctor.units import format_bytes
 
 
@@ -92,12 +92,12 @@ class CommunicationBound(Rule):
     Options = CommunicationBoundOptions
 
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
-        hardware = ctx.options.hardware or profile_for_backend(ctx.backend)
+        hardware = ctx.options.hardware or profile_for_dump(ctx.module)
         if hardware is None:
             raise RuleSkipped("no hardware profile: pass --hardware (h100, a100, tpu-v4, tpu-v5e or a JSON file)")
         if ctx.per_device is None:
             raise RuleSkipped("no partitioned or after-optimizations snapshot")
-        semantics = ctx.semantics.scheduled or ctx.semantics
+        semantics = ctx.semantics
         roles = [r for r in semantics.roles if r.facts.talking_groups]
         if not roles:
             return
@@ -112,8 +112,8 @@ class CommunicationBound(Rule):
                 f"under min-compute-seconds ({_us(self.options.min_compute_seconds)}): launch and latency "
                 "costs, which the bandwidth model leaves out, decide a step this short"
             )
-        fraction = step.communication_fraction
-        if step.exposed_communication_seconds <= 0 or fraction < self.options.threshold:
+        fraction = step.bound_fraction
+        if step.link_seconds <= 0 or fraction < self.options.threshold:
             return
         timed = sorted(((cost.collective_seconds(r.facts) * r.facts.executions.count, r) for r in roles),
                        key=lambda c: -c[0])
@@ -124,13 +124,14 @@ class CommunicationBound(Rule):
                             sorted(step.by_role.items(), key=lambda kv: -kv[1]) if seconds > 0)
         hidden = step.communication_seconds - step.exposed_communication_seconds
         message = (
-            f"on {hardware.name}, communication that nothing overlaps takes an estimated {fraction:.0%} of the "
-            f"step: {_us(step.exposed_communication_seconds)} exposed of {_us(step.communication_seconds)} to "
-            f"send {format_bytes(total_bytes)} per device in {len(roles)} collectives ({by_role}; "
-            f"{_us(hidden)} overlaps compute), against {_us(step.compute_seconds)} for "
-            f"{step.flops / 1e9:.3g} GFLOP of matmuls ({intensity:.0f} FLOP per byte sent; the hardware needs "
-            f"about {cost.machine_balance:.0f}); the largest is the {top.role} {top.facts.kind} "
-            f"{top.facts.instruction} ({_us(top_time)})"
+            f"on {hardware.name}, the step's collectives need an estimated {_us(step.link_seconds)} on their "
+            f"busiest link against {_us(step.compute_seconds)} for {step.flops / 1e9:.3g} GFLOP of matmuls, "
+            f"so even perfectly overlapped the step waits on communication ({fraction:.0%} of compute plus "
+            f"communication): {format_bytes(total_bytes)} per device in {len(roles)} collectives ({by_role}), "
+            f"{intensity:.0f} FLOP per byte sent where the hardware needs about {cost.machine_balance:.0f}; "
+            f"{_us(step.exposed_communication_seconds)} of it sits on the critical path (activation traffic, "
+            f"reshards, what prefetching cannot hide), {_us(hidden)} can overlap compute; the largest is the "
+            f"{top.role} {top.facts.kind} {top.facts.instruction} ({_us(top_time)})"
         )
         yield self.finding(
             ctx,
@@ -147,6 +148,7 @@ class CommunicationBound(Rule):
             evidence={
                 "hardware": hardware.name,
                 "communication_fraction": round(fraction, 4),
+                "busiest_link_seconds": step.link_seconds,
                 "communication_seconds": step.communication_seconds,
                 "exposed_communication_seconds": step.exposed_communication_seconds,
                 "compute_seconds": step.compute_seconds,
@@ -168,6 +170,11 @@ def _instruction(semantics, role):  # noqa: ANN001, ANN202
 
 
 def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.1f} us"
+    """A duration in the unit that reads best (us below a millisecond, ms below a second, else s)."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
 
 

@@ -9,7 +9,7 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.hlo.opcodes import ASYNC_DONE_OPCODES
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
-from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles, profile_for_backend
+from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles, profile_for_dump
 from hlo_doctor.semantics.collective_model import collective_kind
 from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.execution import backend_config_json
@@ -195,7 +195,7 @@ class SyncCollective(Rule):
         if (module.attribute("is_scheduled") or "").lower() != "true":
             raise RuleSkipped("the after-optimizations module is not scheduled (is_scheduled=true missing)")
         flags = _overlap_flags(ctx.debug_options)
-        heavy = _HeavyOps(module, _work_balance(ctx.options.hardware or profile_for_backend(ctx.backend)))
+        heavy = _HeavyOps(module, _work_balance(ctx.options.hardware or profile_for_dump(ctx.module)))
         by_flag: list[_Pair] = []
         for computation in module.computations:
             for index, instruction in enumerate(computation.instructions):

@@ -1,4 +1,4 @@
-"""Compile for a GPU cluster without one: topology devices, placeholders, and jit interception.
+"""Compile for a GPU cluster or a TPU slice without one: topology devices, placeholders, and jit interception.
 
 Used twice: in the child process of ``hlo-doctor run --target`` (the runner
 copies this file next to ``sitecustomize.py``, which imports it when
@@ -63,8 +63,45 @@ def topology_devices(config_text: str, hosts: int, devices_per_host: int, name: 
     return list(topology.devices)
 
 
+def tpu_topology_devices(topology_name: str, num_slices: int = 1):
+    """The compile-only devices of a TPU topology (``v4:4x4x8``), one per chip.
+
+    A v4 topology lists both TensorCores of each chip; JAX on a real v4 drives
+    them as one megacore device, so only core 0 of each chip is kept.
+    """
+    key = ("tpu", topology_name, num_slices)
+    topology = _topologies.get(key)
+    if topology is None:
+        from jax.experimental import topologies
+
+        try:
+            topology = topologies.get_topology_desc(
+                topology_name=topology_name, platform="tpu", num_slices=num_slices)
+        except RuntimeError as error:
+            raise RuntimeError(
+                "libtpu is not available for deviceless TPU compiles: install "
+                f"`jax[tpu]` (same version as jax) and set JAX_PLATFORMS=cpu ({error})"
+            ) from None
+        _topologies[key] = topology
+    return [d for d in topology.devices if getattr(d, "core_on_chip", 0) == 0]
+
+
+def device_record(device) -> dict:
+    """What the sidecar keeps of one target device: id, host, slice, coordinates, kind."""
+    record = {"id": int(device.id), "process_index": int(device.process_index),
+              "kind": str(device.device_kind)}
+    for name in ("slice_index", "core_on_chip"):
+        value = getattr(device, name, None)
+        if value is not None:
+            record[name] = int(value)
+    coords = getattr(device, "coords", None)
+    if coords is not None:
+        record["coords"] = [int(c) for c in coords]
+    return record
+
+
 def is_target_device(device) -> bool:
-    return getattr(device, "platform", None) == "gpu" and _is_compile_only(device)
+    return getattr(device, "platform", None) in ("gpu", "tpu") and _is_compile_only(device)
 
 
 def _is_compile_only(device) -> bool:
@@ -263,18 +300,23 @@ class ChildTarget:
         text = os.environ.get(TARGET_VAR)
         return cls(json.loads(text), emit) if text else None
 
+    @property
+    def backend_names(self) -> tuple[str, ...]:
+        return ("tpu",) if self.spec.get("platform") == "tpu" else ("gpu", "cuda")
+
     def devices(self):
         if self._devices is None:
-            with open(self.spec["config_path"], encoding="utf-8") as f:
-                config = f.read()
-            self._devices = topology_devices(config, int(self.spec["hosts"]),
-                                             int(self.spec["devices_per_host"]),
-                                             self.spec.get("name", "target"))
-            self.emit({
-                "event": "target_devices",
-                "devices": [{"id": int(d.id), "process_index": int(d.process_index),
-                             "kind": str(d.device_kind)} for d in self._devices],
-            })
+            if self.spec.get("platform") == "tpu":
+                self._devices = tpu_topology_devices(self.spec["topology_name"],
+                                                     int(self.spec.get("num_slices", 1)))
+            else:
+                with open(self.spec["config_path"], encoding="utf-8") as f:
+                    config = f.read()
+                self._devices = topology_devices(config, int(self.spec["hosts"]),
+                                                 int(self.spec["devices_per_host"]),
+                                                 self.spec.get("name", "target"))
+            self.emit({"event": "target_devices",
+                       "devices": [device_record(d) for d in self._devices]})
         return self._devices
 
     def record_compile(self, fun, compiled) -> None:
@@ -293,7 +335,7 @@ class ChildTarget:
         target = self
 
         def devices(backend=None):
-            if backend is None or str(backend) in ("gpu", "cuda"):
+            if backend is None or str(backend) in target.backend_names:
                 return list(target.devices())
             return original_devices(backend)
 
@@ -302,7 +344,7 @@ class ChildTarget:
 
         def local_devices(process_index=None, backend=None, host_id=None):
             index = process_index if process_index is not None else (host_id or 0)
-            if backend is None or str(backend) in ("gpu", "cuda"):
+            if backend is None or str(backend) in target.backend_names:
                 return [d for d in target.devices() if d.process_index == index]
             return original_local_devices(process_index, backend, host_id)
 
@@ -310,7 +352,7 @@ class ChildTarget:
             return len(local_devices(backend=backend))
 
         def process_count(backend=None):
-            return int(target.spec["hosts"])
+            return len({d.process_index for d in target.devices()})
 
         original_devices = jax.devices
         original_local_devices = jax.local_devices
