@@ -166,11 +166,13 @@ def analyze_batch(
     per_device: bool,
     require_sharded: bool = True,
     exclude: frozenset[int] = frozenset(),
+    follow: bool = True,
 ) -> BatchAnalysis:
     """Find the batch inputs of ``module`` and follow their batch dim (see the module docstring).
 
     With ``require_sharded=False`` an unsharded parameter may be a batch input too (used to
-    tell data from weights); parameters in ``exclude`` never are.
+    tell data from weights); parameters in ``exclude`` never are. With ``follow=False`` only
+    the batch inputs are found (``values`` stay empty).
     """
     entry = module.entry
     donors = buffer_donors(ctx) | exclude
@@ -194,7 +196,7 @@ def analyze_batch(
             if tiles[0] > 1 or not require_sharded:
                 candidates[number] = param
                 global_batch[number] = shape.dims[0] * tiles[0] if per_device else shape.dims[0]
-    return _follow_batch(module, graph, candidates, global_batch, donors)
+    return _follow_batch(module, graph, candidates, global_batch, donors, follow=follow)
 
 
 def analyze_data_batch(
@@ -224,7 +226,7 @@ def analyze_data_batch(
             except ValueError:
                 tiles = 1
         global_batch[number] = shape.dims[0] * tiles
-    return _follow_batch(module, graph, candidates, global_batch, frozenset(), keep_all=True)
+    return _follow_batch(module, graph, candidates, global_batch, frozenset(), keep_all=True, find=False)
 
 
 def _follow_batch(
@@ -235,6 +237,8 @@ def _follow_batch(
     donors: frozenset[int],
     *,
     keep_all: bool = False,
+    follow: bool = True,
+    find: bool = True,
 ) -> BatchAnalysis:
     # First each candidate's dim 0 up to the dots it reaches directly: a weight meets them as the rhs
     # (and its output features, which may be a later dot's head/batch dims, must not count); then the
@@ -245,10 +249,16 @@ def _follow_batch(
         local = graph.computation_ids(entry.name)
         seeds = {local[p.name]: frozenset({(n, 0)}) for n, p in candidates.items() if p.name in local}
     propagation = _Propagation(graph)
-    first, touched = propagation.run(seeds, through_dots=False)
-    batch = _batch_inputs(graph, first, touched, set(candidates))
+    batch: set[int] = set()
+    if find:  # the first pass only tells which candidates are batch inputs
+        first, touched = propagation.run(seeds, through_dots=False)
+        batch = _batch_inputs(graph, first, touched, set(candidates))
     kept = set(candidates) if keep_all else batch
-    values, _ = propagation.run({k: v for k, v in seeds.items() if next(iter(v))[0] in kept}, through_dots=True)
+    if follow:
+        values, _ = propagation.run({k: v for k, v in seeds.items() if next(iter(v))[0] in kept},
+                                    through_dots=True)
+    else:
+        values = [_EMPTY] * (len(graph.instruction_at) + 1)
     result = BatchAnalysis(module, graph, frozenset(kept), donors,
                            {p: global_batch[p] for p in kept}, values, {p: candidates[p] for p in kept})
     result.matmul_inputs = frozenset(batch)

@@ -76,9 +76,12 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
             continue
         if is_integer(param.shape.element_type) or donors:
             data.add(number)
-    if not donors:
+    if not donors and state:
+        # A training step that donates its state: what it does not update is its input.
+        data |= {p.parameter_number for p in arrays} - state
+    elif not donors:
         batch = analyze_batch(view, module, graph, per_device=True, require_sharded=False,
-                              exclude=frozenset(state) | frozenset(data))
+                              exclude=frozenset(state) | frozenset(data), follow=False)
         data |= set(batch.matmul_inputs)
         # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
         state |= _updated(module, graph, params) - data - scalars

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey
 from hlo_doctor.graph.dots import dot_dims
@@ -118,7 +119,22 @@ class _Judge:
         if node is None:
             return frozenset()
         bits = self.graph.parameter_bits(node)
-        return frozenset(i for i in range(bits.bit_length()) if bits >> i & 1)
+        found = []
+        while bits:
+            low = bits & -bits
+            found.append(low.bit_length() - 1)
+            bits ^= low
+        return frozenset(found)
+
+    @cached_property
+    def weights_by_dims(self) -> dict[tuple[int, ...], list[int]]:
+        """Per-device weight shapes -> the weights of that shape."""
+        entry = self.graph.module.entry
+        out: dict[tuple[int, ...], list[int]] = {}
+        for param in entry.parameters() if entry is not None else ():
+            if param.parameter_number in self.params.weights and not param.shape.is_tuple:
+                out.setdefault(param.shape.dims, []).append(param.parameter_number)
+        return out
 
     def names(self, numbers) -> str:
         return ", ".join(self.params.names.get(n, f"parameter {n}") for n in sorted(numbers)[:4]) + (
@@ -210,8 +226,8 @@ class _Judge:
         return OperandRole("other", tuple(sorted(derived)), f"a {kind}")
 
     # -- neighbourhoods -------------------------------------------------------
-    def _walk(self, start: NodeKey, *, forward: bool, limit: int = _HOPS):
-        """Nodes within ``limit`` hops of ``start``, breadth first, with their hop count."""
+    def _walk(self, start: NodeKey, *, forward: bool, limit: int = _HOPS, most: int = 512):
+        """Nodes within ``limit`` hops of ``start`` (the ``most`` nearest), breadth first, with their hop count."""
         graph = self.graph
         first = graph.id_of(start)
         if first is None:
@@ -222,6 +238,8 @@ class _Judge:
             node, hops = queue.popleft()
             yield node, hops
             if hops >= limit:
+                continue
+            if len(seen) >= most:
                 continue
             nexts = graph.targets_of(node) if forward else graph.sources_of(node)
             for other in nexts:
@@ -318,12 +336,9 @@ class _Judge:
                         self._is_parameter_value(source):
                     return bits.bit_length() - 1
         node = graph.id_of(facts.result_key)
-        entry = graph.module.entry
-        if node is None or entry is None:
+        if node is None or at[node].shape.is_tuple:
             return None
-        shape = at[node].shape
-        matches = [p.parameter_number for p in entry.parameters()
-                   if p.parameter_number in weights and p.shape.dims == shape.dims]
+        matches = self.weights_by_dims.get(at[node].shape.dims, [])
         return matches[0] if len(matches) == 1 else None
 
     def _is_parameter_value(self, node: int) -> bool:

@@ -12,7 +12,6 @@ from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import Instruction, ShardingKind
 from hlo_doctor.rules._batch import (
     BatchAnalysis,
-    analyze_batch,
     axes_text,
     batch_axes,
     parameter_name,
@@ -116,8 +115,8 @@ class ActivationAllGather(Rule):
         gathers = [c for c in ctx.collectives if c.kind == "all-gather" and c.dimension is not None]
         if not gathers:
             return
-        analysis = analyze_batch(ctx, module, graph, per_device=True)
-        if not analysis.batch_inputs:
+        analysis = ctx.semantics.batch  # the batch dims of every data input, from the analysis layer
+        if analysis is None or not analysis.batch_inputs:
             return
         semantics = ctx.semantics
         for collective in gathers:
