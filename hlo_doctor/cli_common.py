@@ -53,7 +53,7 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--devices-per-host", type=click.IntRange(min=1),
                      help="Devices per host, to judge which collectives cross hosts."),
         click.option("--hardware", metavar="NAME",
-                     help="Hardware profile for cost estimates: h100, a100, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, or a JSON file."),
+                     help="Hardware profile for cost estimates: a100, b200, h100, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, or a JSON file."),
         click.option("--select", multiple=True, metavar="ID", help="Run only these rules (repeat or comma-separate)."),
         click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules."),
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),

@@ -189,7 +189,7 @@ def test_summary_names_only_rules_with_findings_and_what_was_not_judged():
     summary = out[out.index("found 2 findings"):]
     assert "cross-host-tensor-parallel 1, uneven-sharding-padding 1" in summary
     assert "reshard-churn" not in out  # ran, found nothing: not named
-    assert "8 rules ran" in summary
+    assert "9 rules ran" in summary
     assert "not judged: communication-bound: no hardware profile" in summary
 
 

@@ -107,6 +107,12 @@ EXAMPLES: tuple[Example, ...] = (
         PAIR, devices=8, scripts=_jax("uneven_padding"),
     ),
     Example(
+        "replicated-batch",
+        "2-D mesh ('data', 'fsdp') whose tokens are split over 'fsdp' only: the 'data' axis repeats the work",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("replicated_batch"),
+        reference="https://github.com/pytorch/xla/issues/6778",
+    ),
+    Example(
         "llama-fsdp",
         "healthy: llama-like decoder, parameters and batch sharded over one FSDP axis",
         HEALTHY, devices=4, scripts=_jax("llama_fsdp"),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
-from hlo_doctor.rules.hardware import profile_for_dump
+from hlo_doctor.rules.hardware import profile_for_dump, profile_names
 from hlo_doctor.units import format_bytes
 
 
@@ -94,7 +94,7 @@ class CommunicationBound(Rule):
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
         hardware = ctx.options.hardware or profile_for_dump(ctx.module)
         if hardware is None:
-            raise RuleSkipped("no hardware profile: pass --hardware (h100, a100, tpu-v4, tpu-v5e or a JSON file)")
+            raise RuleSkipped(f"no hardware profile: pass --hardware ({', '.join(profile_names())} or a JSON file)")
         if ctx.per_device is None:
             raise RuleSkipped("no partitioned or after-optimizations snapshot")
         semantics = ctx.semantics

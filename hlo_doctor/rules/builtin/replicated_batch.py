@@ -1,0 +1,297 @@
+"""replicated-batch: the batch is not split over a mesh axis, so every device along it computes the same data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hlo_doctor.graph.dataflow import DataflowGraph, build_graph
+from hlo_doctor.graph.dots import dot_dims
+from hlo_doctor.graph.mesh import Mesh, dim_axes
+from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
+from hlo_doctor.rules._batch import parameter_name, with_torch_source
+from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifier, torch_spec
+from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
+from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics.cost import matmul_flops
+from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
+from hlo_doctor.units import format_bytes
+
+_DOTS = ("dot", "convolution")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedBatchOptions:
+    min_redundant_fraction: float = 0.05
+    """Fire when at least this share of the activation matmuls' FLOPs is repeated along an axis."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Axis:
+    name: str
+    size: int
+    flops: float  # activation matmul FLOPs repeated along the axis
+    dots: tuple[tuple[str, Instruction], ...]  # (computation, matmul) repeated along it, largest first
+
+
+class ReplicatedBatch(Rule):
+    """The batch is not split over a mesh axis, so all the devices along it compute the same data.
+
+    **What it finds**
+
+    In the program after sharding propagation (global shapes, a sharding on
+    every op), when the program shards something at all: a mesh axis of size
+    > 1 that neither splits the batch dim of the data inputs nor the matmuls
+    that compute on them. A matmul (dot or
+    convolution) of activations repeats its work along an axis when its
+    result is not split over that axis and no contracting dim of its
+    operands is either: every device along the axis then multiplies the same
+    rows by the same columns. The rule fires when such repeated matmuls are at
+    least ``min_redundant_fraction`` of the activation matmuls' FLOPs.
+    Which parameters are data (the batch, tokens, labels) and which are
+    weights is decided by the analysis layer from the dataflow
+    (:mod:`hlo_doctor.semantics.parameters`); axis names are never read.
+
+    It is silent on a single device, when no axis splits anything (a
+    replicated program), for manual (``shard_map``) computations, and for
+    tensor parallelism: a TP axis splits the matmuls (heads, features,
+    contracting dims), so no work repeats along it.
+
+    **Why it hurts**
+
+    "With FSDP, each device should process distinct data, so the global
+    batch dimension must be sharded across all devices, both for inputs and
+    activations" (pytorch/xla#6778). Along a replicating axis of size *n*
+    the same tokens are computed *n* times: the step does 1/*n* of the useful
+    work it could, while it still pays for the weight gathers and gradient
+    reductions over that axis.
+
+    **Example**
+
+    ```
+    // mesh ('data'=2, 'fsdp'=4); x: P('fsdp', None): 'data' splits nothing the matmuls compute
+    %x = f32[64,512] parameter(0), sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}
+    %dot = f32[64,2048] dot(%x, %w1), sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}
+    ```
+
+    **Fix**
+
+    Shard the batch over the combined axes: the data input (``in_shardings``,
+    ``device_put``, ``mark_sharding``), and for FSDPv2 the wrapper's
+    ``shard_output``.
+
+    ```python
+    # JAX
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(('data', 'fsdp'), None)))
+    # torch_xla
+    xs.mark_sharding(input_ids, mesh, (('replica', 'fsdp'), None))
+    # FSDPv2: shard the outputs over both axes, not 'fsdp' alone
+    def shard_output(output, mesh):
+        xs.mark_sharding(output.logits, mesh, (('replica', 'fsdp'), None, None))
+    ```
+
+    **Options**
+
+    * ``min_redundant_fraction`` (float, default 0.05): the share of the
+      activation matmuls' FLOPs that must repeat along an axis.
+    """
+
+    id = "replicated-batch"
+    cause_rank = 5
+    severity = Severity.WARNING
+    reads = frozenset({"sharded"})
+    summary = "The batch is not split over a mesh axis: every device along it computes the same data."
+    Options = ReplicatedBatchOptions
+
+    def check(self, ctx: RuleContext) -> Iterator[Finding]:
+        module = ctx.sharded
+        if module is None or module.entry is None:
+            raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
+        mesh = ctx.mesh
+        if ctx.num_partitions <= 1 or mesh is None:
+            return
+        graph = build_graph(module) if module is not ctx.per_device else ctx.graph
+        assert graph is not None
+        params = classify_parameters(ctx, module, graph)
+        if not params.data:
+            return
+        used = _axes_in_use(module, mesh)
+        if not used:
+            return  # nothing is sharded: a replicated program, not a lost batch sharding
+        batch_axes = _batch_axes(module, params, mesh)
+        candidates = {a for a in mesh.axis_names if mesh.axis_size(a) > 1} - batch_axes
+        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates)
+        if activation_flops <= 0:
+            return
+        replicating = [a for a in axes if a.flops >= self.options.min_redundant_fraction * activation_flops]
+        if replicating:
+            yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops)
+
+    def _finding(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
+                 batch_axes: set[str], replicating: list[_Axis], activation_flops: float) -> Finding:
+        entry = module.entry
+        assert entry is not None
+        data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
+                and p.shape.rank >= 1]
+        data.sort(key=lambda p: -p.shape.byte_size)
+        batch_input = data[0]
+        rows = batch_input.shape.dims[0]
+        split = math.prod(mesh.axis_size(a) for a in batch_axes) if batch_axes else 1
+        factor = math.prod(a.size for a in replicating)
+        names = [a.name for a in replicating]
+        combined = tuple(a for a in mesh.axis_names if a in batch_axes or a in names)
+        top_computation, top = max(replicating, key=lambda a: a.flops).dots[0]
+        partitioned = ctx.partitioned_names([(top_computation, top.name)])
+        share = sum(a.flops for a in replicating) / activation_flops / len(replicating)
+        input_name = parameter_name(ctx, batch_input)
+        axes_text = "/".join(repr(a) for a in names)
+        message = (
+            f"the batch is not split over mesh axis {axes_text} ({factor} devices) while the program is sharded: "
+            f"{share:.0%} of the matmul FLOPs on activations repeat along it, so the {factor} devices "
+            f"along {axes_text} compute the same data; the batch input {input_name} ({batch_input.shape}) is "
+            f"split {split} ways" + (f" (over {'/'.join(repr(a) for a in sorted(batch_axes))})" if batch_axes else "")
+            + f", so each device's matmuls take {rows // split} of its {rows} rows where {max(1, rows // (split * factor))} "
+            f"would do (e.g. {top.name} {top.shape})"
+        )
+        spec: list = [None] * batch_input.shape.rank
+        spec[0] = combined
+        variable = python_identifier(input_name, "batch")
+        jax_code, torch_code = constraint_code(spec, variable)
+        jax_code += (f"\n# or at the jit boundary: in_shardings=NamedSharding(mesh, {jax_spec(spec)}) for "
+                     f"{variable}")
+        if ctx.framework == "torch_xla":
+            output_spec = [combined, None, None]
+            torch_code += (
+                "\n# FSDPv2: shard its outputs over the same axes\n"
+                "def shard_output(output, mesh):\n"
+                f"    xs.mark_sharding(output.logits, mesh, {torch_spec(output_spec)})\n"
+                "model = FSDPv2(model, mesh=mesh, shard_output=shard_output)"
+            )
+        summary = (
+            f"Shard the batch over {'/'.join(repr(a) for a in combined)} (the data input and, for FSDPv2, the "
+            f"outputs): each device then computes 1/{factor} of today's rows and holds 1/{factor} of the "
+            f"activations; in a training step the weight gradients are then also reduced over {axes_text} "
+            "(one all-reduce of the gradients per step, which overlaps the backward pass)."
+        )
+        if mesh.is_inferred:
+            summary += (f" The dump names no mesh axes: {', '.join(mesh.axis_names)} are positional names read "
+                        "from the tile assignments; write your mesh's own.")
+        finding = self.finding(
+            ctx, message, instruction=top, name=partitioned.get((top_computation, top.name)), source_from=top,
+            related=tuple(d.name for a in replicating for _, d in a.dots[1:6]),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            evidence={
+                "replicated_axes": names,
+                "redundancy_factor": factor,
+                "batch_axes": sorted(batch_axes),
+                "batch_input": input_name,
+                "global_batch": rows,
+                "rows_per_device": rows // split,
+                "healthy_rows_per_device": max(1, rows // (split * factor)),
+                "repeated_flops_fraction": round(share, 4),
+                "repeated_matmuls": sum(len(a.dots) for a in replicating),
+                "activation_bytes_per_device": batch_input.shape.byte_size // split,
+                "activation_bytes_per_device_if_split": batch_input.shape.byte_size // (split * factor),
+                "bytes_saved_per_device": format_bytes(batch_input.shape.byte_size // split
+                                                       - batch_input.shape.byte_size // (split * factor)),
+            },
+        )
+        return with_torch_source(ctx, finding, module, top)
+
+
+def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
+    """Mesh axes (size > 1) that split some entry parameter or matmul."""
+    found: set[str] = set()
+    entry = module.entry
+    candidates = list(entry.parameters()) if entry is not None else []
+    candidates += [i for _, i in module.instructions() if i.opcode in _DOTS]
+    for instruction in candidates:
+        found |= _axes_of(instruction.sharding, instruction, mesh)
+    return {a for a in found if mesh.axis_size(a) > 1}
+
+
+def _axes_of(sharding: Sharding | None, instruction: Instruction, mesh: Mesh) -> set[str]:
+    if sharding is None or sharding.kind is not ShardingKind.TILED or instruction.shape.is_tuple:
+        return set()
+    try:
+        per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+    except (ValueError, KeyError):
+        return set()
+    return {a.split(":(")[0] for dims in per_dim or () for a in dims}
+
+
+def _batch_axes(module: HloModule, params: EntryParameters, mesh: Mesh) -> set[str]:
+    """Axes that split dim 0 of some data input."""
+    found: set[str] = set()
+    entry = module.entry
+    for param in entry.parameters() if entry is not None else ():
+        if param.parameter_number not in params.data or param.shape.is_tuple or param.sharding is None:
+            continue
+        if param.sharding.kind is not ShardingKind.TILED:
+            continue
+        try:
+            per_dim = dim_axes(param.sharding, param.shape.rank, mesh)
+        except (ValueError, KeyError):
+            continue
+        if per_dim:
+            found |= {a.split(":(")[0] for a in per_dim[0]}
+    return found
+
+
+def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh,
+                   candidates: set[str]) -> tuple[float, list[_Axis]]:
+    """The activation matmuls' FLOPs, and per candidate axis the FLOPs that repeat along it."""
+    data_bits = 0
+    for number in params.data:
+        data_bits |= 1 << number
+    total = 0.0
+    repeated: dict[str, list[tuple[float, str, Instruction]]] = {a: [] for a in candidates}
+    for computation, dot in module.instructions():
+        if dot.opcode not in _DOTS or len(dot.operands) < 2 or dot.shape.is_tuple:
+            continue
+        if dot.sharding is not None and dot.sharding.kind is ShardingKind.MANUAL:
+            continue
+        node = graph.id_of((computation.name, dot.name))
+        if node is None or not graph.parameter_bits(node) & data_bits:
+            continue
+        flops = matmul_flops(dot, computation)
+        if flops <= 0:
+            continue
+        total += flops
+        if dot.sharding is None or not candidates:
+            continue
+        split = _axes_of(dot.sharding, dot, mesh) | _contracting_axes(dot, computation, mesh)
+        for axis in candidates - split:
+            repeated[axis].append((flops, computation.name, dot))
+    axes = []
+    for axis, dots in repeated.items():
+        if dots:
+            dots.sort(key=lambda d: (-d[0], d[2].name))
+            axes.append(_Axis(axis, mesh.axis_size(axis), sum(f for f, _, _ in dots),
+                              tuple((c, d) for _, c, d in dots)))
+    return total, axes
+
+
+def _contracting_axes(dot: Instruction, computation, mesh: Mesh) -> set[str]:  # noqa: ANN001
+    """Axes that split a contracting dim of either operand (the work is split, the result summed)."""
+    found: set[str] = set()
+    operands = [computation.get(name) for name in dot.operands[:2]]
+    if any(o is None or o.shape.is_tuple for o in operands):
+        return found
+    try:
+        roles = dot_dims(dot, operands[0].shape.rank, operands[1].shape.rank)
+    except (ValueError, KeyError, IndexError):
+        return found
+    for side, operand in enumerate(operands):
+        sharding = operand.sharding
+        if sharding is None or sharding.kind is not ShardingKind.TILED:
+            continue
+        try:
+            per_dim = dim_axes(sharding, operand.shape.rank, mesh)
+        except (ValueError, KeyError):
+            continue
+        for dim, axes in enumerate(per_dim or ()):
+            if dim < len(roles.roles[side]) and roles.role(side, dim).role == "contracting":
+                found |= {a.split(":(")[0] for a in axes}
+    return found

@@ -1,0 +1,77 @@
+"""replicated-batch on real fixtures (the gallery's replicated-batch pair) and hand-written probes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hlo_doctor.analysis import analyze_dump
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+PAIR = FIXTURES / "replicated-batch"
+
+
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_the_axis_that_splits_nothing_repeats_the_work(partitioner):
+    (finding,) = analyze_dump(PAIR / f"jax-{partitioner}-bad", select=["replicated-batch"]).findings
+    evidence = finding.evidence
+    assert evidence["replicated_axes"] == ["data"] and evidence["redundancy_factor"] == 2
+    assert evidence["batch_axes"] == ["fsdp"] and evidence["batch_input"] == "tokens"
+    # the partitioned matmuls hold 4 of the 16 rows (f32[4,128,1024]); split over both axes, 2
+    assert (evidence["global_batch"], evidence["rows_per_device"], evidence["healthy_rows_per_device"]) == (16, 4, 2)
+    assert evidence["repeated_flops_fraction"] == 1.0
+    assert finding.suggestion.jax.startswith(
+        "tokens = jax.lax.with_sharding_constraint(tokens, NamedSharding(mesh, P(('data', 'fsdp'), None)))")
+    assert "reduced over 'data'" in finding.suggestion.summary  # what the fix costs in a training step
+    assert analyze_dump(PAIR / f"jax-{partitioner}-fixed", select=["replicated-batch"]).findings == ()
+
+
+# Hand-written probes (small HLO written for this test, not compiler output).
+_REPLICATED = """\
+HloModule probe_replicated, num_partitions=4
+
+ENTRY %main (x: f32[8,64], w: f32[64,64]) -> f32[8,64] {
+  %x = f32[8,64]{1,0} parameter(0), sharding={replicated}, metadata={op_name="x"}
+  %w = f32[64,64]{1,0} parameter(1), sharding={replicated}, metadata={op_name="w"}
+  ROOT %y = f32[8,64]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={replicated}
+}
+"""
+
+_TENSOR_PARALLEL = """\
+HloModule probe_tp, num_partitions=4
+
+ENTRY %main (x: f32[8,64], w: f32[64,64]) -> f32[8,64] {
+  %x = f32[8,64]{1,0} parameter(0), sharding={replicated}, metadata={op_name="x"}
+  %w = f32[64,64]{1,0} parameter(1), sharding={devices=[1,4]<=[4]}, metadata={op_name="w"}
+  ROOT %y = f32[8,64]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[1,4]<=[4]}
+}
+"""
+
+
+_HALF_REPLICATED = """\
+HloModule probe_half, num_partitions=4
+
+ENTRY %main (x: f32[8,64], w: f32[64,64]) -> f32[8,64] {
+  %x = f32[8,64]{1,0} parameter(0), sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}, metadata={op_name="x"}
+  %w = f32[64,64]{1,0} parameter(1), sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}, metadata={op_name="w"}
+  ROOT %y = f32[8,64]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+}
+"""
+
+
+def _probe(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
+     ).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text", [_REPLICATED, _TENSOR_PARALLEL], ids=["pure-replication", "tensor-parallel"])
+def test_silent_without_sharding_and_on_tensor_parallelism(tmp_path, text):
+    assert analyze_dump(_probe(tmp_path, text), select=["replicated-batch"]).findings == ()
+
+
+def test_a_probe_with_a_replicating_axis_fires_with_positional_names_said_so(tmp_path):
+    (finding,) = analyze_dump(_probe(tmp_path, _HALF_REPLICATED), select=["replicated-batch"]).findings
+    assert finding.evidence["replicated_axes"] == ["axis_1"] and finding.evidence["rows_per_device"] == 4
+    assert "positional" in finding.suggestion.summary  # the dump names no mesh axes
