@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
@@ -62,3 +65,87 @@ def parameter_code(dims: Sequence[DimAxes], value: str = "param") -> tuple[str, 
 
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+# -- the user's own variable ---------------------------------------------------------
+
+_READ_LIMIT = 2_000_000  # bytes: a source file bigger than this is not parsed for a name
+
+
+@functools.lru_cache(maxsize=64)
+def _assignments(path: str, mtime: float) -> dict[int, str]:
+    """Line -> the one variable its statement assigns, for every line of an assignment."""
+    try:
+        file = Path(path)
+        if file.stat().st_size > _READ_LIMIT:
+            return {}
+        tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[int, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            target = node.target
+        else:
+            continue
+        name = _target_name(target)
+        if name is None:
+            continue
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+            found.setdefault(line, name)
+    return found
+
+
+def _target_name(target: ast.expr) -> str | None:
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):  # self.h = ...
+        return ast.unparse(target)
+    return None
+
+
+def assigned_name(path: str | None, line: int | None) -> str | None:
+    """The variable the statement on ``path``:``line`` assigns (``h`` of ``h = x @ w1.T + b1``), or None."""
+    if not path or not line:
+        return None
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError:
+        return None
+    return _assignments(path, mtime).get(line)
+
+
+def rename_value(code: str | None, placeholder: str, name: str) -> str | None:
+    """``code`` with the identifier ``placeholder`` written as ``name``."""
+    if code is None or placeholder == name:
+        return code
+    return re.sub(rf"(?<![\w.]){re.escape(placeholder)}(?!\w)", name, code)
+
+
+def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201 - a Finding
+    """``finding`` with its suggested code written for the variable its source line assigns.
+
+    The rules write a constraint for ``placeholder``; the user's line (``out = x @ w1.T + b1``)
+    names the value. When the line assigns nothing (``return self.fc2(h)``), the code keeps
+    ``placeholder`` and the summary says to bind the line's result to it.
+    """
+    import dataclasses
+
+    suggestion, source = finding.suggestion, finding.source
+    if suggestion is None or source is None:
+        return finding
+    name = assigned_name(source.file, source.line)
+    if name is None:
+        note = f" (line {source.line} assigns no variable: bind its result to {placeholder} first)"
+        if note in suggestion.summary:
+            return finding
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, summary=suggestion.summary + note))
+    renamed = dataclasses.replace(
+        suggestion,
+        jax=rename_value(suggestion.jax, placeholder, name),
+        torch_xla=rename_value(suggestion.torch_xla, placeholder, name),
+        summary=rename_value(suggestion.summary, placeholder, name) or suggestion.summary,
+    )
+    return dataclasses.replace(finding, suggestion=renamed)

@@ -7,6 +7,7 @@ first time a rule asks for it, so a dozen rules cost little more than one.
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 from dataclasses import dataclass
@@ -197,11 +198,25 @@ class RuleContext:
 
     # -- source locations ----------------------------------------------------
     def user_source(self, instruction: Instruction) -> tuple[SourceRef | None, bool]:
-        """The innermost frame of the user's code, and whether only library frames were found."""
+        """The user's line of an op, and whether only library frames were found.
+
+        The frame of the traced function itself (``mlp`` of ``jit_mlp``) when the stack holds
+        it: the call site in the user's code, not the body of the user's own helper it called;
+        else the innermost frame of the user's code.
+        """
         location = instruction.source
         if location is None:
             return None, False
-        return user_frame(location)
+        return user_frame(location, self.traced_function)
+
+    @cached_property
+    def traced_function(self) -> str | None:
+        """The function a JAX module traces (``mlp`` of ``jit_mlp``), or None."""
+        name = self.module.name
+        for prefix in ("jit_", "pjit_"):
+            if name.startswith(prefix) and len(name) > len(prefix):
+                return name[len(prefix):]
+        return None
 
     # -- shared analyses ---------------------------------------------------
     @cached_property
@@ -292,17 +307,39 @@ class RuleContext:
         return {i.name: i for _, i in module.instructions()}
 
 
-def user_frame(location: SourceLocation) -> tuple[SourceRef | None, bool]:
-    """The innermost user frame of ``location`` and whether every frame was a library's."""
+def user_frame(location: SourceLocation, traced: str | None = None) -> tuple[SourceRef | None, bool]:
+    """The user's frame of ``location`` and whether every frame was a library's.
+
+    The innermost frame of the user's code, unless that line only calls a sharding API from
+    a helper of the user's (``return with_sharding_constraint(x, ...)`` in ``constrain``):
+    then the helper's caller, walking outwards up to the traced function ``traced``
+    (``mlp`` of ``jit_mlp``), which is where the user writes the fix.
+    """
     frames = location.frames or ()
     if not frames:
         if is_library_file(location.file):
             return None, True
         return SourceRef(location.file, location.line, location.function or None), False
-    for frame in frames:
-        if not is_library_file(frame.file):
-            return SourceRef(frame.file, frame.line, frame.function or None), False
-    return None, True
+    user = [frame for frame in frames if not is_library_file(frame.file)]
+    if not user:
+        return None, True
+    chosen = user[0]
+    for frame in user:
+        chosen = frame
+        function = (frame.function or "").rsplit(".", 1)[-1]
+        if function == traced or not _calls_sharding_api(frame.file, frame.line):
+            break
+    return SourceRef(chosen.file, chosen.line, chosen.function or None), False
+
+
+_SHARDING_CALLS = re.compile(r"\b(with_sharding_constraint|mark_sharding|with_logical_constraint|reshard|"
+                             r"device_put)\s*\(")
+
+
+def _calls_sharding_api(path: str, line: int) -> bool:
+    """Whether the source line calls a sharding API (the body of a constraint helper)."""
+    text = linecache.getline(path, line) if path and line else ""
+    return bool(_SHARDING_CALLS.search(text))
 
 
 _SPLIT = re.compile(r"[\\/]")

@@ -17,7 +17,7 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._suggest import constraint_code
+from hlo_doctor.rules._suggest import constraint_code, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes
@@ -259,7 +259,7 @@ class ActivationAllGather(Rule):
                 "async": collective.form is not Form.SYNC,
             },
         )
-        return with_torch_source(ctx, finding, analysis.module, dot)
+        return with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
 
 
 def _consuming_dot(analysis: BatchAnalysis, start: NodeKey, limit: int = 64) -> tuple[NodeKey, NodeKey] | None:

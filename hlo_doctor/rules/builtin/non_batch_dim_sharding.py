@@ -17,7 +17,7 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._suggest import constraint_code
+from hlo_doctor.rules._suggest import constraint_code, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts
@@ -191,7 +191,7 @@ class NonBatchDimSharding(Rule):
                 "executions_per_step": times,
             },
         )
-        return with_torch_source(ctx, finding, analysis.module, dot)
+        return with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
 
 
 def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:

@@ -1,0 +1,69 @@
+"""Every fix printed for a real bad fixture is written in the user's own terms.
+
+* the variable: a constraint fix names the variable its source line assigns
+  (read from the program with ``ast``), never a fixed ``h`` or ``x``;
+* the mesh axis names: every axis a fix names is an axis of the program's mesh,
+  whenever the dump or the runner's record names the mesh;
+* the rank: a partition spec has one entry per dim of the tensor it constrains.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.dump import load_dump
+from hlo_doctor.rules._suggest import assigned_name
+from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+from hlo_doctor.testing import builtin_rule_ids
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+BAD = sorted(p.parent for p in FIXTURES.glob("*/*-bad/hlo_doctor_run.json"))
+_CONSTRAINT = re.compile(r"^(\S+) = jax\.lax\.with_sharding_constraint\((\S+), NamedSharding\(mesh, (P\(.*\))\)\)", re.M)
+_MARK = re.compile(r"^xs\.mark_sharding\(([^,]+), mesh, (.*)\)$", re.M)
+
+
+def _mesh_names(folder: Path) -> tuple[str, ...] | None:
+    dump = load_dump(folder)
+    mesh = RuleContext(dump, dump.modules[0], AnalysisOptions()).mesh
+    return None if mesh is None or mesh.is_inferred else mesh.axis_names
+
+
+def _axes(spec_text: str) -> set[str]:
+    return set(re.findall(r"'([^']+)'", spec_text))
+
+
+@pytest.mark.parametrize("folder", BAD, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fixes_use_the_variable_and_the_mesh_of_the_program(folder):
+    report = analyze_dump(folder, select=builtin_rule_ids())
+    names = _mesh_names(folder)
+    for finding in report.findings:
+        suggestion, source = finding.suggestion, finding.source
+        if suggestion is None:
+            continue
+        variable = assigned_name(source.file, source.line) if source is not None else None
+        for code in (suggestion.jax or "", suggestion.torch_xla or ""):
+            for target, value, spec in _CONSTRAINT.findall(code):
+                assert target == value
+                if finding.rule in ("non-batch-dim-sharding", "activation-all-gather") and variable:
+                    assert value == variable, (finding.rule, source, code)
+                if names is not None:
+                    assert _axes(spec) <= set(names), (spec, names)
+                ast.parse(code)  # pasteable Python
+            for value, spec in _MARK.findall(code):
+                if finding.rule in ("non-batch-dim-sharding", "activation-all-gather") and variable:
+                    assert value == variable
+                if names is not None:
+                    assert _axes(spec) <= set(names), (spec, names)
+
+
+def test_the_variable_comes_from_the_line(tmp_path):
+    """Hand-written source: the name assigned on a line, across continuation lines."""
+    program = tmp_path / "prog.py"
+    program.write_text("def f(x, w1, b1):\n    out = (x @ w1.T\n           + b1)\n    return out @ w1\n")
+    assert assigned_name(str(program), 2) == "out" and assigned_name(str(program), 3) == "out"
+    assert assigned_name(str(program), 4) is None
