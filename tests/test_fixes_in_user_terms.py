@@ -67,3 +67,22 @@ def test_the_variable_comes_from_the_line(tmp_path):
     program.write_text("def f(x, w1, b1):\n    out = (x @ w1.T\n           + b1)\n    return out @ w1\n")
     assert assigned_name(str(program), 2) == "out" and assigned_name(str(program), 3) == "out"
     assert assigned_name(str(program), 4) is None
+
+
+def test_mesh_axis_names_from_the_program_when_the_dump_has_none(tmp_path):
+    """Hand-written programs: the names of the one mesh construction of the inferred shape."""
+    from hlo_doctor.rules._program import program_mesh_axes
+
+    program = tmp_path / "train.py"
+    program.write_text(
+        "import numpy as np\n"
+        "mesh = xs.Mesh(np.arange(16), (2, 8), ('replica', 'fsdp'))\n"
+        "other = jax.make_mesh((4, 4), ('data', 'model'))\n"
+        "flat = Mesh(devices, ('batch',))\n"
+        "keras_mesh = keras.distribution.DeviceMesh(shape=(2, 4), axis_names=['data', 'model'])\n"
+    )
+    assert program_mesh_axes(str(program), (2, 8)) == ("replica", "fsdp")
+    assert program_mesh_axes(str(program), (4, 4)) == ("data", "model")
+    assert program_mesh_axes(str(program), (2, 4)) == ("data", "model")
+    assert program_mesh_axes(str(program), (16,)) == ("batch",)
+    assert program_mesh_axes(str(program), (8, 2)) is None  # no construction of that shape: stay positional

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Mesh", "dim_axes", "infer_mesh", "recover_mesh"]
 
-SOURCES = ("module.mlir", "hlo_header", "sidecar", "replica_groups", "inferred")
+SOURCES = ("module.mlir", "hlo_header", "sidecar", "replica_groups", "program", "inferred")
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,9 @@ class Mesh:
 
     ``device_ids`` is the mesh's device array flattened row-major, in logical
     ids (see the module docstring). ``source`` says where it came from:
-    ``"module.mlir"``, ``"hlo_header"``, ``"sidecar"``, ``"replica_groups"``
-    or ``"inferred"`` (axis names made up, sizes deduced). ``name`` is the
+    ``"module.mlir"``, ``"hlo_header"``, ``"sidecar"``, ``"replica_groups"``,
+    ``"program"`` (inferred sizes, names read from the program's mesh
+    construction) or ``"inferred"`` (axis names made up, sizes deduced). ``name`` is the
     Shardy mesh name when there is one.
     """
 

@@ -19,6 +19,7 @@ from hlo_doctor.graph.collectives import Collective, find_collectives
 from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
+from hlo_doctor.rules._program import program_mesh_axes
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
 
@@ -183,7 +184,26 @@ class RuleContext:
     def mesh(self) -> Mesh | None:
         """The device mesh (module.mlir, the runner's record, replica groups, or inferred)."""
         # The snapshot is parsed only when the dump's declarations do not give the mesh.
-        return recover_mesh(self.module, lambda: self.sharded or self.per_device, self.dump.run_record)
+        mesh = recover_mesh(self.module, lambda: self.sharded or self.per_device, self.dump.run_record)
+        if mesh is not None and mesh.is_inferred:
+            names = program_mesh_axes(self.program_path, mesh.axis_sizes)
+            if names is not None:  # the program's own mesh construction names the axes
+                mesh = Mesh(names, mesh.axis_sizes, mesh.device_ids, "program", mesh.name)
+        return mesh
+
+    @cached_property
+    def program_path(self) -> str | None:
+        """The user's program: the runner's record of the script, else the file of the entry's first user frame."""
+        record = self.dump.run_record or {}
+        script = record.get("script") if isinstance(record, dict) else None
+        if isinstance(script, dict) and isinstance(script.get("path"), str):
+            return script["path"]
+        module = self.sharded or self.per_device
+        for _, instruction in module.instructions() if module is not None else ():
+            source, _ = self.user_source(instruction) if instruction.source is not None else (None, False)
+            if source is not None:
+                return source.file
+        return None
 
     @cached_property
     def device_map(self) -> DeviceMap:

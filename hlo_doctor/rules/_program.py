@@ -1,0 +1,93 @@
+"""What the user's program says of its mesh, read with ``ast`` when the dump does not.
+
+A dump made without the runner, by a framework that writes no mesh, leaves the
+mesh's axes unnamed: :mod:`hlo_doctor.graph.mesh` then infers positional ones
+(``axis_0``...). When the program file is at hand (the runner's record, or the
+frames of the ops), its mesh constructions name them: ``xs.Mesh(ids, shape,
+axis_names)``, ``xs.HybridMesh(..., axis_names=...)``, ``jax.make_mesh(shape,
+names)``, ``Mesh(devices, names)`` and Keras' ``DeviceMesh(shape, axis_names)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+__all__ = ["program_mesh_axes"]
+
+# call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
+_MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
+_READ_LIMIT = 2_000_000
+
+
+Names = tuple[str, ...]
+Shape = tuple[int, ...] | None
+
+
+@functools.lru_cache(maxsize=32)
+def _mesh_axes(path: str, mtime: float) -> tuple[tuple[Names, Shape], ...]:
+    try:
+        file = Path(path)
+        if file.stat().st_size > _READ_LIMIT:
+            return ()
+        tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    found: list[tuple[Names, Shape]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if name not in _MESH_CALLS:
+            continue
+        candidates = [kw.value for kw in node.keywords if kw.arg in ("axis_names", "names")]
+        candidates += [node.args[i] for i in _MESH_CALLS[name] if i < len(node.args)]
+        for candidate in candidates:
+            names = _strings(candidate)
+            if names:
+                entry = (names, _shape(node))
+                if entry not in found:
+                    found.append(entry)
+                break
+    return tuple(found)
+
+
+def _shape(call: ast.Call) -> Shape:
+    """The mesh shape a construction writes as literal ints: its shape argument, or ``.reshape(...)`` of its devices."""
+    nodes = [kw.value for kw in call.keywords if kw.arg in ("shape", "mesh_shape", "axis_shapes")]
+    nodes += list(call.args[:2])
+    for node in nodes:
+        if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, int) for e in node.elts):
+            return tuple(e.value for e in node.elts)  # type: ignore[union-attr]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reshape":
+            args = node.args[0].elts if len(node.args) == 1 and isinstance(node.args[0], ast.Tuple) else node.args
+            if args and all(isinstance(a, ast.Constant) and isinstance(a.value, int) for a in args):
+                return tuple(a.value for a in args)  # type: ignore[union-attr]
+    return None
+
+
+def _strings(node: ast.expr) -> tuple[str, ...] | None:
+    if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        return tuple(e.value for e in node.elts)  # type: ignore[union-attr]
+    return None
+
+
+def program_mesh_axes(path: str | None, sizes: tuple[int, ...]) -> Names | None:
+    """The axis names of the one mesh of this shape that the program at ``path`` builds, if one.
+
+    A construction counts when it writes the same shape as literal ints, or, for a 1-D mesh,
+    when it names one axis (nothing to misorder).
+    """
+    if not path:
+        return None
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError:
+        return None
+    matching = {names for names, shape in _mesh_axes(path, mtime)
+                if len(names) == len(sizes) and (shape == sizes or (shape is None and len(sizes) == 1))}
+    return next(iter(matching)) if len(matching) == 1 else None
