@@ -161,3 +161,23 @@ def test_combined_gather_gets_a_role_per_operand(tmp_path):
     assert [o.role for o in role.operands] == ["weight-gather", "weight-gather", "activation-gather"]
     assert [o.parameters for o in role.operands] == [(1,), (2,), (0,)]
     assert role.role == "weight-gather"  # the largest operand's (w1)
+
+
+@pytest.mark.parametrize(("fixture", "framework"), [
+    ("fsdp-activation-gather/torch_xla-bad", "torch_xla"),
+    ("fsdpv2-torch-xla/torch_xla-healthy", "torch_xla"),
+    ("fsdp-activation-gather/jax-shardy-bad", "jax"),
+])
+def test_the_framework_is_read_from_what_the_lowering_wrote(tmp_path, fixture, framework):
+    """Without the runner's record, and with the module renamed: the ops' metadata says who lowered it."""
+
+    source = FIXTURES / fixture
+    for path in source.iterdir():
+        if path.is_file() and path.name.startswith("module_") and path.suffix == ".txt":
+            renamed = path.name.replace("SyncTensorsGraph", "step").replace("jit_mlp", "step")
+            text = path.read_text().replace("SyncTensorsGraph", "step").replace("HloModule jit_mlp", "HloModule step")
+            (tmp_path / renamed).write_text(text)
+    assert not (tmp_path / "hlo_doctor_run.json").exists()
+    dump = load_dump(tmp_path)
+    assert all("SyncTensorsGraph" not in m.name and not m.name.startswith("jit_") for m in dump.modules)
+    assert {RuleContext(dump, m, AnalysisOptions()).framework for m in dump.modules} == {framework}

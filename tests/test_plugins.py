@@ -205,9 +205,9 @@ def test_incompatible_api_version_is_skipped_with_a_clear_message(plugins):
 
 
 @pytest.mark.parametrize("requirement, ok", [
-    (None, True), ("1", True), ("1.0", True), ("1.1", True), (">=1.0,<2", True), ("~=1.0", True),
-    ("==1.1", True), ("!=1.0", True), (">=1, <2", True), ("0", False), ("2", False), ("1.2", False),
-    (">=2.0", False), ("<1", False), ("==1.0", False), ("!=1.1", False),
+    (None, True), ("1", True), ("1.0", True), ("1.1", True), ("1.2", True), (">=1.0,<2", True), ("~=1.0", True),
+    ("==1.2", True), ("!=1.0", True), (">=1, <2", True), ("0", False), ("2", False), ("1.3", False),
+    (">=2.0", False), ("<1", False), ("==1.1", False), ("!=1.2", False),
 ])
 def test_api_version_requirements(requirement, ok):
     rule = type("R", (plugin_fakes.HelloRule,), {"api_version": requirement})
@@ -262,7 +262,7 @@ def test_the_plugin_module_is_the_rule_authors_api():
     from hlo_doctor.rules.base import Finding, Rule, Severity, Suggestion
     from hlo_doctor.rules.context import RuleContext
 
-    assert plugin.API_VERSION == API_VERSION == "1.1"
+    assert plugin.API_VERSION == API_VERSION == "1.2"
     assert plugin.GROUP == GROUP
     assert (plugin.Rule, plugin.RuleContext, plugin.Finding, plugin.Severity, plugin.Suggestion) == (
         Rule, RuleContext, Finding, Severity, Suggestion)

@@ -79,3 +79,25 @@ def test_analyze_jax_example_runs_in_a_fresh_process() -> None:
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.fullmatch(r"\d+ findings in \S+\n", result.stdout), result.stdout
+
+
+def test_collectives_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from hlo_doctor.cli import main
+
+    command = first_block(section("What your step sends, and why")).strip()
+    assert command.startswith("hlo-doctor collectives ")
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(main, shlex.split(command)[1:])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["schema_version"] == 1
+    [module] = document["modules"]
+    roles = {c["role"] for c in module["collectives"]}
+    assert roles == {"weight-gather", "gradient-reduce", "scalar-reduce"}  # an FSDP train step
+    keys = {"instruction", "kind", "role", "phase", "parameters", "axes", "group_size", "crosses_hosts",
+            "bytes_per_device", "executions", "source", "reason"}
+    assert all(set(c) == keys for c in module["collectives"])

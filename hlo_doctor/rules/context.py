@@ -157,6 +157,23 @@ class RuleContext:
         framework = record.get("framework") if isinstance(record, dict) else None
         if isinstance(framework, str):
             return framework.replace("-", "_")
+        # What the lowering wrote: torch_xla's ops carry aten/xla op types and its training steps
+        # donate buffers; JAX's op names are jit(...) scopes. The module name only breaks a tie.
+        for role in (Role.AFTER_PARTITIONING, Role.AFTER_PROPAGATION, Role.BEFORE_OPTIMIZATIONS):
+            snapshot = self.module.snapshot(role)
+            if snapshot is not None and snapshot.header_attribute("buffer_donor"):
+                return "torch_xla"
+        module = self.per_device or self.sharded
+        for index, (_, instruction) in enumerate(module.instructions() if module is not None else ()):
+            if index > 2000:
+                break
+            metadata = instruction.metadata
+            if metadata is None:
+                continue
+            if (metadata.op_type or "").startswith(("aten__", "xla__")):
+                return "torch_xla"
+            if (metadata.op_name or "").startswith(("jit(", "pjit(")):
+                return "jax"
         if self.module.name.startswith("SyncTensorsGraph"):
             return "torch_xla"
         if self.module.name.startswith(("jit_", "pjit_", "xmap_")):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-API_VERSION = "1.1"  # 1.1: Rule.reads
+API_VERSION = "1.2"  # 1.1: Rule.reads; 1.2: RuleContext.semantics, Rule.cause_rank
 """The version of the rule-author API this hlo-doctor provides."""
 
 __all__ = ["API_VERSION", "api_version_problem", "parse_requirement", "satisfies"]
