@@ -249,7 +249,7 @@ class RuleContext:
     @cached_property
     def traced_function(self) -> str | None:
         """The function a JAX module traces (``mlp`` of ``jit_mlp``), or None."""
-        name = self.module.name
+        name = self.module.name.split(".", 1)[0]  # TPU names add ".cl_NNN"
         for prefix in ("jit_", "pjit_"):
             if name.startswith(prefix) and len(name) > len(prefix):
                 return name[len(prefix):]

@@ -12,8 +12,10 @@ Every collective (and every operand of a combined one) gets one role:
     dim: a tensor-parallel partial sum.
 ``activation-gather``
     an all-gather of a value that carries the batch dim, or a ring rotation
-    (collective-permute whose pairs close into cycles) of data: a gather in
-    pieces, as XLA's windowed einsums do (of weights: ``weight-gather``).
+    (collective-permute whose pairs close into cycles) of such data: a
+    gather in pieces, as XLA's windowed einsums do (of weights:
+    ``weight-gather``; of partial sums whose batch dim is contracted:
+    ``gradient-reduce``).
 ``reshard``
     a collective-permute or all-to-all that moves a value between two
     shardings, or an all-gather that is sliced again (XLA's involuntary full
@@ -178,9 +180,13 @@ class _Judge:
                 if not data:
                     return OperandRole("weight-gather", tuple(sorted(weights)),
                                        f"a ring rotation of the weights {self.names(weights)}: a gather in pieces")
-                return OperandRole("activation-gather", tuple(sorted(data)),
-                                   "a ring rotation of data: an activation gathered in pieces (a windowed "
-                                   "einsum / collective matmul)")
+                if batch_dims:
+                    return OperandRole("activation-gather", tuple(sorted(data)),
+                                       "a ring rotation of data that carries the batch: an activation gathered in "
+                                       "pieces (a windowed einsum / collective matmul)")
+                return OperandRole("gradient-reduce", tuple(sorted(data)),
+                                   "a ring rotation of partial sums over the batch (its batch dim contracted): a "
+                                   "gradient reduce-scattered in pieces (a windowed einsum)")
             stage = self.pipeline_stage(facts, operand) if data else None
             if stage is not None:
                 return OperandRole("pipeline-send", tuple(sorted(data)),
