@@ -36,10 +36,6 @@ __all__ = [
 
 PENDING_NAME = "\x00hlo-doctor-pending-name:"
 
-COLLECTIVE_KINDS = (
-    "all-gather", "all-reduce", "reduce-scatter", "all-to-all",
-    "collective-permute", "collective-broadcast", "ragged-all-to-all",
-)
 
 @dataclass(frozen=True, slots=True)
 class AnalysisOptions:
@@ -266,11 +262,8 @@ class RuleContext:
 
     @cached_property
     def executions(self) -> dict[str, int]:
-        """Per-device module: how often each computation runs per step (while trip counts)."""
-        from hlo_doctor.rules._analyses import execution_counts
-
-        module = self.per_device
-        return execution_counts(module) if module is not None else {}
+        """Per-device module: how often each computation runs per step (while trip counts; 1 when unknown)."""
+        return {name: e.count for name, e in self.semantics.executions.items()}
 
     def partitioned_names(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """The names after partitioning of after-propagation instructions ``keys`` (those found).
@@ -330,10 +323,10 @@ class RuleContext:
     @cached_property
     def dot_flops(self) -> float:
         """Per-device FLOPs of dots and convolutions per step (while bodies times their trip count)."""
-        from hlo_doctor.rules._analyses import count_flops
+        from hlo_doctor.semantics.cost import module_flops
 
         module = self.per_device
-        return count_flops(module) if module is not None else 0.0
+        return sum(module_flops(module).values()) if module is not None else 0.0
 
     @cached_property
     def instructions_by_name(self) -> dict[str, Instruction]:

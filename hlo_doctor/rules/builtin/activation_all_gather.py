@@ -20,9 +20,10 @@ from hlo_doctor.rules._batch import (
 from hlo_doctor.rules._suggest import constraint_code, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.units import format_bytes
 
-_DOTS = ("dot", "convolution")
+_DOTS = MATMULS
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,9 @@ from hlo_doctor.rules._suggest import constraint_code, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts
+from hlo_doctor.semantics.opclasses import MATMULS
 
-_DOTS = ("dot", "convolution")
+_DOTS = MATMULS
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,11 @@ from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifi
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.cost import matmul_flops
+from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
 from hlo_doctor.units import format_bytes
 
-_DOTS = ("dot", "convolution")
+_DOTS = MATMULS
 
 
 @dataclass(frozen=True, slots=True)

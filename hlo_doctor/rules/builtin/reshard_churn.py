@@ -10,19 +10,9 @@ from hlo_doctor.hlo.ir import Computation, Instruction
 from hlo_doctor.rules._suggest import constraint_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
 from hlo_doctor.units import format_bytes
 
-# Ops that only relabel a value's layout (the partitioner wraps all-to-alls in them).
-_LAYOUT = frozenset({"reshape", "transpose", "bitcast", "copy"})
-# Ops through which a value is "the same value" between two reshards: layout and elementwise.
-_NOT_ELEMENTWISE = frozenset({
-    "dot", "convolution", "reduce", "reduce-window", "select-and-scatter", "scatter", "gather", "sort",
-    "while", "call", "conditional", "fusion", "custom-call", "rng", "parameter", "constant", "iota",
-    "tuple", "get-tuple-element", "partition-id", "replica-id", "dynamic-slice", "dynamic-update-slice",
-    "slice", "pad", "concatenate", "broadcast", "reverse", "infeed", "outfeed", "send", "recv",
-    "send-done", "recv-done", "async-start", "async-update", "async-done", "optimization-barrier",
-})
-_RESHARDS = ("all-to-all", "collective-permute")
 _MAX_WALK = 64
 
 
@@ -141,7 +131,7 @@ class ReshardChurn(Rule):
             instruction = computation.get(op.instruction) if computation is not None else None
             if computation is None or instruction is None:
                 continue
-            if op.kind in _RESHARDS:
+            if op.kind in RESHARD_COLLECTIVES:
                 step = _reshard_step(op, instruction, computation, users_of(computation))
             elif op.kind == "all-gather":
                 step = _rematerialization(op, instruction, computation, users_of(computation))
@@ -248,7 +238,7 @@ def _rematerialization(op: Collective, instruction: Instruction, computation: Co
                 return None
             before = _walk_up(computation, instruction.operands[0])
             return _Reshard(op, instruction, computation, before, user, slice=user)
-        if user.opcode not in _LAYOUT:
+        if user.opcode not in LAYOUT_ONLY:
             return None
         current = user
     return None
@@ -326,7 +316,7 @@ def _next_reshard(step: _Reshard, by_instruction, users) -> tuple[_Reshard, set[
             fed = _feeds_reshard(computation, user, users, by_instruction)
             if fed is not None:
                 return fed, seen
-            if user.opcode in _NOT_ELEMENTWISE or user.opcode in _RESHARDS or user.opcode.startswith(("all-", "reduce-scatter", "collective-")):
+            if user.opcode in NOT_ELEMENTWISE or user.opcode in RESHARD_COLLECTIVES or user.opcode.startswith(("all-", "reduce-scatter", "collective-")):
                 continue
             frontier.append(user)
     return None
@@ -336,7 +326,7 @@ def _feeds_reshard(computation: Computation, node: Instruction, users, by_instru
     """The reshard that ``node`` feeds through layout ops (reshape/transpose around an all-to-all)."""
     current = node
     for _ in range(4):
-        if current.opcode not in _LAYOUT:
+        if current.opcode not in LAYOUT_ONLY:
             return None
         following = users.get(current.name, [])
         for user in following:

@@ -13,15 +13,7 @@ from hlo_doctor.rules.hardware import HardwareProfile, bundled_profiles, profile
 from hlo_doctor.semantics.collective_model import collective_kind
 from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.execution import backend_config_json
-
-# Ops that do no work a collective could hide behind.
-_NOT_COMPUTE = frozenset({
-    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "add-dependency",
-    "opt-barrier", "partition-id", "replica-id", "domain", "copy-start", "copy-done",
-    "send", "send-done", "recv", "recv-done", "get-dimension-size", "iota",
-    # layout and data movement, usually fused into their users: too little work to hide a collective
-    "broadcast", "reshape", "convert", "bitcast-convert", "slice", "transpose", "copy", "pad", "concatenate",
-})
+from hlo_doctor.semantics.opclasses import CONTROL_FLOW, HEAVY, HEAVY_CUSTOM_CALL_WORDS, NOT_COMPUTE
 
 # Every overlap-killing debug option: (flag, the value that turns overlap off (None: any
 # non-empty value), what it does, the collective kinds it affects (None: every kind)).
@@ -53,12 +45,6 @@ _DISABLE_VALUES: dict[str, frozenset[str] | None] = {
     "allcollectives": None,
 }
 
-# Ops worth overlapping whatever their output size: matmuls, loops and the like. The cost of
-# other ops (elementwise, reductions, gathers, scatters) grows with the bytes they write.
-_HEAVY = frozenset({"dot", "convolution", "while", "conditional", "call", "fft", "triangular-solve",
-                    "cholesky", "sort", "reduce-window", "select-and-scatter"})
-_HEAVY_CUSTOM_CALLS = ("gemm", "cublas", "cudnn", "matmul", "conv")
-_LOOPS = frozenset({"while", "conditional", "call"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +379,7 @@ def _done_index(order: tuple[Instruction, ...], index: int, start: Instruction) 
 
 def _is_compute(instruction: Instruction) -> bool:
     opcode = instruction.opcode
-    if opcode in _NOT_COMPUTE or opcode.endswith(("-start", "-done")) or opcode == "async-update":
+    if opcode in NOT_COMPUTE or opcode.endswith(("-start", "-done")) or opcode == "async-update":
         return False
     return collective_kind(instruction) is None
 
@@ -420,11 +406,11 @@ class _HeavyOps:
 
     def is_heavy(self, instruction: Instruction) -> bool:
         opcode = instruction.opcode
-        if opcode in _HEAVY:
+        if opcode in HEAVY:
             return True
         if opcode == "custom-call":
             target = (instruction.attribute("custom_call_target") or "").lower()
-            return any(word in target for word in _HEAVY_CUSTOM_CALLS)
+            return any(word in target for word in HEAVY_CUSTOM_CALL_WORDS)
         if opcode == "fusion":
             return any(self._computation_heavy(name) for name in instruction.called_computations)
         return False
@@ -432,7 +418,7 @@ class _HeavyOps:
     def work(self, instruction: Instruction, computation: Computation) -> float:
         """The op's work as bytes written; a matmul's FLOPs count at 300 per byte; loops: unbounded."""
         opcode = instruction.opcode
-        if opcode in _LOOPS:
+        if opcode in CONTROL_FLOW:
             return float("inf")
         written = float(instruction.shape.byte_size)
         if opcode in ("dot", "convolution"):
