@@ -168,3 +168,12 @@ def test_error_lines_are_plain(tmp_path):
     assert result.exit_code == 2
     assert "error: " in result.stderr and "jit_`x`" in result.stderr
     assert "pwned" not in result.stderr and not CONTROLS.findall(result.stderr.replace("\n", ""))
+
+
+@pytest.mark.parametrize("command", [["ls"], ["collectives"]])
+def test_inventories_print_dump_names_plain(dump, command):
+    """``ls`` and ``collectives`` tables: names from the dump lose their escapes and stay literal
+    (rich markup such as ``[bold]`` in a name is shown, not applied)."""
+    out = run(*command, str(dump))
+    assert not CONTROLS.findall(out.replace("\n", "")) and "pwned" not in out
+    assert "`x`<img" in out or "collectives" in out

@@ -116,12 +116,18 @@ def _count(snapshot: object) -> int | None:
 
 def _render_text(inventory: dict[str, object]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from hlo_doctor.report.safe import plain
+
+    def safe(value: object) -> str:  # text from the dump: no control characters, no rich markup
+        return escape(plain(value))
 
     console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
     modules = inventory["modules"]
     assert isinstance(modules, list)
-    console.print(f"{inventory['path']}: {len(modules)} module(s)")
+    console.print(f"{safe(inventory['path'])}: {len(modules)} module(s)")
 
     summary = Table(title="Modules", title_justify="left")
     for column in ("id", "name", "partitioner", "partitions", "replicas", "mesh", "device assignment", "snapshots"):
@@ -130,18 +136,18 @@ def _render_text(inventory: dict[str, object]) -> None:
         assignment = module["device_assignment"]
         summary.add_row(
             "" if module["id"] is None else str(module["id"]),
-            module["name"],
-            module["partitioner"],
+            safe(module["name"]),
+            safe(module["partitioner"]),
             _text(module["num_partitions"]),
             _text(module["num_replicas"]),
-            " ".join(module["meshes"]),
+            safe(" ".join(module["meshes"])),
             _short_list(assignment),
             str(len(module["snapshots"])),
         )
     console.print(summary)
 
     for module in modules:
-        table = Table(title=f"{module['key']} snapshots", title_justify="left")
+        table = Table(title=f"{safe(module['key'])} snapshots", title_justify="left")
         for column in ("#", "role", "pipeline", "pass", "size", "instructions"):
             table.add_column(column, justify="right" if column in ("#", "size", "instructions") else "left")
         for snapshot in module["snapshots"]:
@@ -156,8 +162,8 @@ def _render_text(inventory: dict[str, object]) -> None:
             table.add_row(
                 _text(snapshot["ordinal"]),
                 snapshot["role"],
-                snapshot["pipeline"] or "",
-                label,
+                safe(snapshot["pipeline"] or ""),
+                safe(label),
                 _size(snapshot["size"]),
                 "error" if snapshot["error"] else _text(snapshot["instructions"]),
             )
@@ -170,7 +176,7 @@ def _render_text(inventory: dict[str, object]) -> None:
         table.add_column("file")
         table.add_column("message")
         for error in errors:
-            table.add_row(error["path"], error["message"])
+            table.add_row(safe(error["path"]), safe(error["message"]))
         console.print(table)
 
 

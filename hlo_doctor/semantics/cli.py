@@ -62,28 +62,33 @@ def render_inventory(inventories) -> str:  # noqa: ANN001
     from io import StringIO
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    from hlo_doctor.report.safe import plain
     from hlo_doctor.semantics.inventory import totals_by_role
+
+    def safe(value: object) -> str:  # text from the dump: no control characters, no rich markup
+        return escape(plain(value))
 
     buffer = StringIO()
     console = Console(file=buffer, width=160, color_system=None, highlight=False)
     for name, rows in inventories:
-        table = Table(title=f"{name}: {len(rows)} collectives", title_justify="left")
+        table = Table(title=f"{safe(name)}: {len(rows)} collectives", title_justify="left")
         for column in ("instruction", "kind", "role", "phase", "axes", "group", "hosts", "bytes/device", "x/step",
                        "parameters", "reason"):
             table.add_column(column, overflow="fold", justify="right" if column in ("group", "bytes/device",
                                                                                    "x/step") else "left")
         for row in rows:
             table.add_row(
-                row.instruction, row.kind, row.role, row.phase,
-                ",".join(row.axes) if row.axes else ("-" if row.axes is not None else "?"),
+                safe(row.instruction), row.kind, row.role, row.phase,
+                safe(",".join(row.axes)) if row.axes else ("-" if row.axes is not None else "?"),
                 str(row.group_size),
                 {True: "across", False: "inside", None: "?"}[row.crosses_hosts],
                 format_bytes(row.bytes_per_device),
                 "?" if row.executions is None else str(row.executions),
-                ", ".join(row.parameters[:3]) + (" ..." if len(row.parameters) > 3 else ""),
-                row.reason,
+                safe(", ".join(row.parameters[:3]) + (" ..." if len(row.parameters) > 3 else "")),
+                safe(row.reason),
             )
         console.print(table)
         totals = totals_by_role(rows)
