@@ -54,6 +54,17 @@ class ReplicatedBatch(Rule):
     weights is decided by the analysis layer from the dataflow
     (:mod:`hlo_doctor.semantics.parameters`); axis names are never read.
 
+    An axis that splits some of the activation matmuls is a tensor-parallel
+    axis: when the batch is split over another axis, work repeated along a TP
+    axis means those layers' weights are not split over it (that is
+    ``replicated-large-parameter``), so the axis must repeat every activation
+    matmul; when the batch is split over no axis at all (every weight marked,
+    the inputs not: pytorch/xla#6778's first strategy), the share counts, and
+    so do the activation all-gathers (the analysis layer's
+    ``activation-gather`` roles) that put feature-split layer outputs back
+    together over the weights' axes: each device then runs the whole batch
+    against its slice of every weight and waits on a gather every layer.
+
     It is silent on a single device, when no axis splits anything (a
     replicated program), for manual (``shard_map``) computations, and for
     tensor parallelism: a TP axis splits the matmuls (heads, features,
@@ -101,7 +112,7 @@ class ReplicatedBatch(Rule):
     id = "replicated-batch"
     cause_rank = 5
     severity = Severity.WARNING
-    reads = frozenset({"sharded"})
+    reads = frozenset({"sharded", "per_device"})
     summary = "The batch is not split over a mesh axis: every device along it computes the same data."
     Options = ReplicatedBatchOptions
 
@@ -125,9 +136,75 @@ class ReplicatedBatch(Rule):
         activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates)
         if activation_flops <= 0:
             return
-        replicating = [a for a in axes if a.flops >= self.options.min_redundant_fraction * activation_flops]
+        # An axis that splits some activation matmul is a tensor-parallel axis: work repeated along it
+        # means those layers' weights are not split over it (replicated-large-parameter), not a lost
+        # batch, unless the batch is split over no axis at all (weights marked, inputs not: the seed).
+        replicating = [a for a in axes if a.flops >= self.options.min_redundant_fraction * activation_flops
+                       and (a.flops >= activation_flops * (1 - 1e-9) or not batch_axes)]
         if replicating:
             yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops)
+        elif not batch_axes:
+            found = self._gathered_instead(ctx, module, params, mesh, used)
+            if found is not None:
+                yield found
+
+    def _gathered_instead(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
+                          used: set[str]) -> Finding | None:
+        """The batch split over no axis while the weights are: the layers' outputs are feature-sharded
+        and gathered back every layer (the first strategy of pytorch/xla#6778)."""
+        gathers = [r for r in ctx.semantics.roles if r.role == "activation-gather" and r.facts.op.mesh_axes]
+        if not gathers:
+            return None
+        axes = tuple(a for a in mesh.axis_names if a in used and any(
+            a in {x.split(":(")[0] for x in r.facts.op.mesh_axes} for r in gathers))
+        if not axes:
+            return None
+        entry = module.entry
+        assert entry is not None
+        data = sorted((p for p in entry.parameters() if p.parameter_number in params.data
+                       and not p.shape.is_tuple and p.shape.rank >= 1), key=lambda p: -p.shape.byte_size)
+        batch_input = data[0]
+        rows = batch_input.shape.dims[0]
+        factor = math.prod(mesh.axis_size(a) for a in axes)
+        wire = sum(r.facts.wire_bytes_per_step for r in gathers)
+        input_name = parameter_name(ctx, batch_input)
+        axes_text = "/".join(repr(a) for a in axes)
+        largest = max(gathers, key=lambda r: r.facts.wire_bytes_per_step)
+        message = (
+            f"the batch is split over no mesh axis: every device computes all {rows} rows of the batch input "
+            f"{input_name} ({batch_input.shape}) while the weights are sharded over {axes_text} ({factor} devices), "
+            f"so the layers' outputs are split on feature dims and {len(gathers)} all-gathers put the activations "
+            f"back together ({format_bytes(wire)} over the wire per device per step, each waiting on the layer "
+            f"before it); the largest is {largest.facts.instruction}"
+        )
+        spec: list = [None] * batch_input.shape.rank
+        spec[0] = axes
+        variable = python_identifier(input_name, "batch")
+        jax_code, torch_code = constraint_code(spec, variable)
+        summary = (
+            f"Shard the batch over {axes_text} as well (FSDP: each device its own {max(1, rows // factor)} rows): "
+            "the partitioner then gathers the weights instead, which it can prefetch behind compute, and the "
+            f"activation gathers go away; the weight gathers cost about the weights' size per step, and the weight "
+            f"gradients are reduced over {axes_text}."
+        )
+        anchor = ctx.instruction(largest.facts.computation, largest.facts.instruction)
+        finding = self.finding(
+            ctx, message, instruction=anchor, name=largest.facts.instruction,
+            related=tuple(r.facts.instruction for r in gathers if r is not largest),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            evidence={
+                "replicated_axes": list(axes),
+                "redundancy_factor": factor,
+                "batch_axes": [],
+                "batch_input": input_name,
+                "global_batch": rows,
+                "rows_per_device": rows,
+                "healthy_rows_per_device": max(1, rows // factor),
+                "activation_gathers": len(gathers),
+                "activation_gather_wire_bytes_per_step": wire,
+            },
+        )
+        return finding
 
     def _finding(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                  batch_axes: set[str], replicating: list[_Axis], activation_flops: float) -> Finding:
