@@ -61,8 +61,11 @@ ENTRY %main (x: f32[8,64], w: f32[64,64]) -> f32[8,64] {
 
 
 def _probe(tmp_path: Path, text: str) -> Path:
+    """The same hand-written module as the propagated and the partitioned snapshot (the rule reads the
+    batch axes from the partitioned entry's shardings and the matmuls' from the propagated one)."""
     (tmp_path / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
      ).write_text(text)
+    (tmp_path / "module_0000.probe.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(text)
     return tmp_path
 
 

@@ -174,7 +174,7 @@ class _Judge:
             return OperandRole("reshard", tuple(sorted(derived)),
                                "an all-to-all that moves the sharded dim of a value: a reshard")
         if kind == "collective-permute":
-            if _is_ring(facts.op.logical_groups):
+            if _is_ring(facts.op.logical_groups) and len(facts.op.mesh_axes or ()) == 1:
                 # every device passes its block on around a cycle: a gather in pieces (XLA's windowed
                 # einsum / collective matmul), of a weight or of an activation
                 if not data:
@@ -364,12 +364,31 @@ class _Judge:
 
 
 def _is_ring(pairs: tuple[tuple[int, ...], ...]) -> bool:
-    """Whether source->target pairs close into cycles (every source is also a target): a rotation."""
+    """Whether source->target pairs form rotations: cycles, all of one length, that cover their devices.
+
+    The caller also asks that the pairs move along one mesh axis: a reshard between two device
+    orders is a permutation too, but it moves over several axes at once.
+    """
     real = [p for p in pairs if len(p) == 2 and p[0] != p[1]]
     if not real:
         return False
-    sources, targets = {a for a, _ in real}, {b for _, b in real}
-    return sources == targets
+    following = dict(real)
+    if len(following) != len(real) or set(following) != set(following.values()):
+        return False
+    lengths = set()
+    seen: set[int] = set()
+    for start in following:
+        if start in seen:
+            continue
+        length, current = 0, start
+        while current not in seen:
+            seen.add(current)
+            current = following[current]
+            length += 1
+        if current != start:
+            return False
+        lengths.add(length)
+    return len(lengths) == 1
 
 
 def assign_roles(

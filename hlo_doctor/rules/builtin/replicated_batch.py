@@ -14,9 +14,10 @@ from hlo_doctor.rules._batch import parameter_name, with_torch_source
 from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifier, torch_spec
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.opclasses import MATMULS
-from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
+from hlo_doctor.semantics.parameters import EntryParameters
 from hlo_doctor.units import format_bytes
 
 _DOTS = MATMULS
@@ -117,22 +118,39 @@ class ReplicatedBatch(Rule):
     Options = ReplicatedBatchOptions
 
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
+        per_device = ctx.per_device
+        if per_device is None or per_device.entry is None:
+            raise RuleSkipped("no partitioned snapshot")
+        mesh = ctx.mesh
+        params = ctx.semantics.parameters
+        if ctx.num_partitions <= 1 or mesh is None or params is None or not params.data:
+            return
+        # Entry parameters keep their (global) shardings after partitioning: the batch axes and
+        # whether anything is sharded are read there, without parsing the propagated snapshot.
+        used = _axes_in_use(per_device, mesh)
+        if not used:
+            return  # nothing is sharded: a replicated program, not a lost batch sharding
+        batch_axes = _batch_axes(per_device, params, mesh)
+        candidates = {a for a in mesh.axis_names if mesh.axis_size(a) > 1} - batch_axes
+        if not candidates:
+            return
+        if not batch_axes:
+            found = self._gathered_instead(ctx, per_device, params, mesh, used)
+            if found is not None:
+                yield found
+                return
+        else:
+            # An axis that carries tensor-parallel traffic splits some activation matmul: it is not
+            # an axis along which every matmul repeats (see the docstring).
+            traffic = {a.split(":(")[0] for r in ctx.semantics.roles if r.role in ACTIVATION_ROLES
+                       for a in r.facts.op.mesh_axes or ()}
+            candidates -= traffic
+            if not candidates:
+                return
         module = ctx.sharded
         if module is None or module.entry is None:
             raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
-        mesh = ctx.mesh
-        if ctx.num_partitions <= 1 or mesh is None:
-            return
-        graph = build_graph(module) if module is not ctx.per_device else ctx.graph
-        assert graph is not None
-        params = classify_parameters(ctx, module, graph)
-        if not params.data:
-            return
-        used = _axes_in_use(module, mesh)
-        if not used:
-            return  # nothing is sharded: a replicated program, not a lost batch sharding
-        batch_axes = _batch_axes(module, params, mesh)
-        candidates = {a for a in mesh.axis_names if mesh.axis_size(a) > 1} - batch_axes
+        graph = build_graph(module)
         activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates)
         if activation_flops <= 0:
             return
@@ -143,10 +161,6 @@ class ReplicatedBatch(Rule):
                        and (a.flops >= activation_flops * (1 - 1e-9) or not batch_axes)]
         if replicating:
             yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops)
-        elif not batch_axes:
-            found = self._gathered_instead(ctx, module, params, mesh, used)
-            if found is not None:
-                yield found
 
     def _gathered_instead(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                           used: set[str]) -> Finding | None:
@@ -155,7 +169,12 @@ class ReplicatedBatch(Rule):
         gathers = [r for r in ctx.semantics.roles if r.role == "activation-gather" and r.facts.op.mesh_axes]
         if not gathers:
             return None
-        axes = tuple(a for a in mesh.axis_names if a in used and any(
+        entry = module.entry
+        weight_axes: set[str] = set()
+        for param in entry.parameters() if entry is not None else ():
+            if param.parameter_number in params.weights:
+                weight_axes |= _axes_of(param.sharding, param, mesh)
+        axes = tuple(a for a in mesh.axis_names if a in used and a in weight_axes and any(
             a in {x.split(":(")[0] for x in r.facts.op.mesh_axes} for r in gathers))
         if not axes:
             return None
