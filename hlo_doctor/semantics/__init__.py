@@ -106,7 +106,7 @@ class ModuleSemantics:
     def batch_split_axes(self) -> frozenset[str]:
         """Mesh axes that split the batch dim (dim 0) of a data input."""
         mesh, params, module = self.view.mesh, self.parameters, self.view.per_device
-        if mesh is None or params is None or module is None or module.entry is None or mesh.is_inferred:
+        if mesh is None or params is None or module is None or module.entry is None:
             return frozenset()
         found: set[str] = set()
         for param in module.entry.parameters():

@@ -130,7 +130,7 @@ class ReplicatedBatch(Rule):
         used = _axes_in_use(per_device, mesh)
         if not used:
             return  # nothing is sharded: a replicated program, not a lost batch sharding
-        batch_axes = _batch_axes(per_device, params, mesh)
+        batch_axes = set(ctx.semantics.batch_split_axes)
         candidates = {a for a in mesh.axis_names if mesh.axis_size(a) > 1} - batch_axes
         if not candidates:
             return
@@ -316,24 +316,6 @@ def _axes_of(sharding: Sharding | None, instruction: Instruction, mesh: Mesh) ->
     except (ValueError, KeyError):
         return set()
     return {a.split(":(")[0] for dims in per_dim or () for a in dims}
-
-
-def _batch_axes(module: HloModule, params: EntryParameters, mesh: Mesh) -> set[str]:
-    """Axes that split dim 0 of some data input."""
-    found: set[str] = set()
-    entry = module.entry
-    for param in entry.parameters() if entry is not None else ():
-        if param.parameter_number not in params.data or param.shape.is_tuple or param.sharding is None:
-            continue
-        if param.sharding.kind is not ShardingKind.TILED:
-            continue
-        try:
-            per_dim = dim_axes(param.sharding, param.shape.rank, mesh)
-        except (ValueError, KeyError):
-            continue
-        if per_dim:
-            found |= {a.split(":(")[0] for a in per_dim[0]}
-    return found
 
 
 def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh,
