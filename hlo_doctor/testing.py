@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hlo_doctor.errors import ConfigurationError
 from hlo_doctor.rules.base import Finding, Rule
 from hlo_doctor.rules.registry import Registry
 
@@ -129,12 +130,12 @@ def load_case(folder: str | os.PathLike[str]) -> Case:
         raise TypeError(f"{path}: expected an object with a 'findings' list")
     unknown_keys = set(data) - {"rules", "options", "findings", "note"}
     if unknown_keys:
-        raise ValueError(f"{path}: unknown key {min(unknown_keys)!r} (valid: rules, options, findings, note)")
+        raise ConfigurationError(f"{path}: unknown key {min(unknown_keys)!r} (valid: rules, options, findings, note)")
     expected = []
     for item in data["findings"]:
         unknown = set(item) - {"rule", "instruction", "source_line", "note"}
         if "rule" not in item or unknown:
-            raise ValueError(f"{path}: each finding needs 'rule' (and may have instruction, source_line, note); got {item}")
+            raise ConfigurationError(f"{path}: each finding needs 'rule' (and may have instruction, source_line, note); got {item}")
         expected.append((item["rule"], item.get("instruction"), item.get("source_line")))
     rules = data.get("rules")
     if rules is not None and (not isinstance(rules, list) or not all(isinstance(r, str) for r in rules)):
@@ -175,7 +176,7 @@ def _selection(rules: RuleChoice | None, registry: Registry | None) -> tuple[Reg
         for rule in classes:
             error = registry.add(rule, "test", f"{rule.__module__}:{rule.__qualname__}")
             if error is not None:
-                raise ValueError(f"rules: {rule.__qualname__} cannot be registered: {error.message}")
+                raise ConfigurationError(f"rules: {rule.__qualname__} cannot be registered: {error.message}")
     return registry, ids
 
 

@@ -17,10 +17,12 @@ import re
 from collections.abc import Iterator
 from typing import Union
 
+from hlo_doctor.errors import HloDoctorError
+
 Value = Union["Message", str, int, float, bool]
 
 
-class TextprotoError(ValueError):
+class TextprotoError(HloDoctorError, ValueError):
     """Malformed text format, with a 1-based ``line:col``."""
 
     def __init__(self, message: str, line: int, col: int) -> None:

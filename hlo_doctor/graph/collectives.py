@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from hlo_doctor.errors import ShardingError
 from hlo_doctor.graph import tpu_collectives
 from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 
@@ -150,7 +151,7 @@ def group_mode(kind: str, channel_id: int | None, use_global_device_ids: bool | 
     flag = bool(use_global_device_ids) if has_flag else None
     if channel_id is None:
         if flag:
-            raise ValueError("use_global_device_ids=true needs a channel_id")
+            raise ShardingError("use_global_device_ids=true needs a channel_id")
         return GroupMode.CROSS_REPLICA
     if flag is None:
         return GroupMode.CROSS_PARTITION
@@ -166,7 +167,7 @@ def participant_groups(
     """
     if not groups:
         if mode is GroupMode.FLATTENED_ID:
-            raise ValueError("replica groups cannot be empty in flattened-id mode")
+            raise ShardingError("replica groups cannot be empty in flattened-id mode")
         count = num_partitions if mode is GroupMode.CROSS_PARTITION else num_replicas
         groups = (tuple(range(count)),)
     P = num_partitions

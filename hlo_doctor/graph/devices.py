@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hlo_doctor.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from hlo_doctor.dump import DumpModule, Topology
 
@@ -224,7 +226,7 @@ def device_map(
         slice_of = megascale_slices(assignment)
     if devices_per_host is not None:
         if devices_per_host < 1:
-            raise ValueError(f"devices_per_host must be positive, not {devices_per_host}")
+            raise ConfigurationError(f"devices_per_host must be positive, not {devices_per_host}")
         per_host, host_source = devices_per_host, "argument"
     elif processes is not None and len(set(processes)) > 1:
         host_of = dict(enumerate(processes))
@@ -331,11 +333,8 @@ def _cpu_topology_processes(data: bytes) -> tuple[int, ...] | None:
     from hlo_doctor.dump import protowire
 
     devices: list[int] = []
-    try:
-        for device in protowire.all_of(data, 1):
-            if isinstance(device, bytes):
-                process = protowire.first(device, 2)
-                devices.append(process if isinstance(process, int) else 0)
-    except protowire.WireError as error:
-        raise ValueError(str(error)) from None
+    for device in protowire.all_of(data, 1):  # raises WireError (a ValueError) for bytes that do not read
+        if isinstance(device, bytes):
+            process = protowire.first(device, 2)
+            devices.append(process if isinstance(process, int) else 0)
     return tuple(devices) if devices else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hlo_doctor.errors import OpKindError
 from hlo_doctor.hlo.attributes import parse_int_list
 from hlo_doctor.hlo.ir import Instruction
 
@@ -69,7 +70,7 @@ def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     if instruction.opcode == "convolution":
         return _convolution_dims(instruction, lhs_rank, rhs_rank)
     if instruction.opcode != "dot":
-        raise ValueError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
+        raise OpKindError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
     texts = {key: value for key, value in instruction.attributes if key in _DOT_KEYS}
     cache_key = (texts.get("lhs_batch_dims"), texts.get("rhs_batch_dims"), texts.get("lhs_contracting_dims"),
                  texts.get("rhs_contracting_dims"), lhs_rank, rhs_rank)
@@ -108,7 +109,7 @@ def _dot_dims(lb_text: str | None, rb_text: str | None, lc_text: str | None, rc_
 def _convolution_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     labels = instruction.attribute("dim_labels")
     if not labels or "->" not in labels or "_" not in labels:
-        raise ValueError(f"{instruction.name}: convolution without dim_labels")
+        raise OpKindError(f"{instruction.name}: convolution without dim_labels")
     operands, output = labels.split("->")
     lhs_labels, rhs_labels = operands.split("_")
     out_index = {c: i for i, c in enumerate(output)}

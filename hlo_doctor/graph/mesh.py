@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from hlo_doctor.errors import ShardingError
 from hlo_doctor.hlo.ir import Sharding, ShardingKind, transpose_devices
 
 if TYPE_CHECKING:
@@ -65,9 +66,9 @@ class Mesh:
 
     def __post_init__(self) -> None:
         if len(self.axis_names) != len(self.axis_sizes):
-            raise ValueError("one size per axis name")
+            raise ShardingError("one size per axis name")
         if math.prod(self.axis_sizes) != len(self.device_ids):
-            raise ValueError(
+            raise ShardingError(
                 f"mesh {dict(zip(self.axis_names, self.axis_sizes))} needs "
                 f"{math.prod(self.axis_sizes)} devices, got {len(self.device_ids)}"
             )
@@ -77,7 +78,7 @@ class Mesh:
             for i, device in enumerate(self.device_ids)
         }
         if len(coords) != len(self.device_ids):
-            raise ValueError(f"mesh device ids repeat: {self.device_ids}")
+            raise ShardingError(f"mesh device ids repeat: {self.device_ids}")
         object.__setattr__(self, "_coords", coords)
 
     @property

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
+from hlo_doctor.errors import ShardingError
 from hlo_doctor.hlo.ir import (
     ELEMENT_BITS,
     Shape,
@@ -66,7 +67,7 @@ def tiles_per_dim(sharding: Sharding, rank: int) -> tuple[int, ...]:
         return (1,) * rank
     tiles = sharding.data_tile_dims
     if len(tiles) != rank:
-        raise ValueError(
+        raise ShardingError(
             f"sharding {sharding.text or sharding} tiles {len(tiles)} dims "
             f"but the value has rank {rank}"
         )
@@ -166,7 +167,7 @@ def layout(sharding: Sharding, shape: Shape, num_devices: int) -> ShardingLayout
     unknown shardings put the value on all of them.
     """
     if shape.is_tuple or sharding.is_tuple:
-        raise ValueError("layout() takes an array shape and a non-tuple sharding; use layouts()")
+        raise ShardingError("layout() takes an array shape and a non-tuple sharding; use layouts()")
     dims = shape.dims
     tiles = tiles_per_dim(sharding, len(dims))
     shard = shard_shape(sharding, dims)
@@ -197,7 +198,7 @@ def layouts(sharding: Sharding, shape: Shape, num_devices: int) -> tuple[Shardin
         return tuple(layout(sharding, leaf, num_devices) for leaf in leaves)
     elements = list(_flatten(sharding))
     if len(elements) != len(leaves):
-        raise ValueError(
+        raise ShardingError(
             f"tuple sharding has {len(elements)} elements but the shape has {len(leaves)} leaves"
         )
     return tuple(layout(s, leaf, num_devices) for s, leaf in zip(elements, leaves))
@@ -260,7 +261,7 @@ def device_groups(sharding: Sharding, num_devices: int) -> tuple[tuple[int, ...]
     if kind in (ShardingKind.MANUAL, ShardingKind.UNREDUCED):
         return tuple((d,) for d in range(num_devices))
     if kind is not ShardingKind.TILED or sharding.tile_assignment is None:
-        raise ValueError(f"device groups are undefined for a {kind.value} sharding")
+        raise ShardingError(f"device groups are undefined for a {kind.value} sharding")
     dims = sharding.tile_assignment.dims
     types = subgroup_types(sharding)
     first_sub = len(dims) - len(types)

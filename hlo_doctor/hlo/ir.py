@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
+from hlo_doctor.errors import ShardingError
+
 # Bits per element of each XLA primitive type (xla_data.proto PrimitiveType).
 ELEMENT_BITS: Mapping[str, int] = {
     "pred": 8,
@@ -270,7 +272,7 @@ def split_mesh_axes(
     spans: list[tuple[int, int, int]] = []
     for ref in refs:
         if ref.name not in index:
-            raise ValueError(f"unknown mesh axis '{ref.name}'")
+            raise ShardingError(f"unknown mesh axis '{ref.name}'")
         i = index[ref.name]
         full = axes[i].size
         if ref.size is None:
@@ -278,7 +280,7 @@ def split_mesh_axes(
         else:
             lo, hi = ref.pre_size, ref.pre_size * ref.size
             if ref.pre_size < 1 or ref.size < 1 or full % hi or hi % lo:
-                raise ValueError(f"sub-axis {ref} does not divide axis '{ref.name}'={full}")
+                raise ShardingError(f"sub-axis {ref} does not divide axis '{ref.name}'={full}")
         bounds[i].update((lo, hi))
         spans.append((i, lo, hi))
     sizes: list[int] = []
@@ -287,7 +289,7 @@ def split_mesh_axes(
         cuts = sorted(bounds[i])
         for a, b in zip(cuts, cuts[1:]):
             if b % a:
-                raise ValueError(f"sub-axes of '{axes[i].name}' do not nest")
+                raise ShardingError(f"sub-axes of '{axes[i].name}' do not nest")
         starts.append({a: len(sizes) + k for k, a in enumerate(cuts[:-1])})
         sizes.extend(b // a for a, b in zip(cuts, cuts[1:]))
     covered: list[tuple[int, ...]] = []
@@ -296,7 +298,7 @@ def split_mesh_axes(
         cuts = sorted(c for c in bounds[i] if lo <= c < hi)
         factors = tuple(starts[i][c] for c in cuts)
         if used.intersection(factors):
-            raise ValueError(f"mesh axis {ref} is used more than once")
+            raise ShardingError(f"mesh axis {ref} is used more than once")
         used.update(factors)
         covered.append(factors)
     return tuple(sizes), tuple(covered)

@@ -183,7 +183,8 @@ class Parser(Scanner):
             return
         file_locations = {}
         for key, fields in tables.get("FileLocations", {}).items():
-            assert isinstance(fields, dict)
+            if not isinstance(fields, dict):  # a table row we cannot read: no location, as XLA tolerates
+                continue
             file_locations[key] = (
                 fields.get("file_name_id", 0),
                 fields.get("function_name_id", 0),
@@ -192,7 +193,8 @@ class Parser(Scanner):
             )
         stack_frames = {}
         for key, fields in tables.get("StackFrames", {}).items():
-            assert isinstance(fields, dict)
+            if not isinstance(fields, dict):
+                continue
             stack_frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
         if any(parent == key for key, (_, parent) in stack_frames.items()):
             # XLA (jaxlib 0.10.2) prints parent_frame_id one higher than the

@@ -16,6 +16,8 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
+from hlo_doctor.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from hlo_doctor.analysis import Report
     from hlo_doctor.report.source import SourcePolicy
@@ -77,4 +79,4 @@ def render(
         if width is None:
             width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
         return render_text(report, color=color, width=width, quiet=quiet, sources=sources)
-    raise ValueError(f"unknown format {output_format!r} (choose {', '.join(FORMATS)})")
+    raise ConfigurationError(f"unknown format {output_format!r} (choose {', '.join(FORMATS)})")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hlo_doctor.errors import ConfigurationError, HloDoctorError
 from hlo_doctor.runner.detect import JAX, detect_framework, normalize_framework
 from hlo_doctor.runner.environment import build_env
 from hlo_doctor.runner.flags import merge_xla_flags
@@ -44,7 +45,7 @@ class RunResult:
     stderr_tail: tuple[str, ...]
 
 
-class RunError(RuntimeError):
+class RunError(HloDoctorError, RuntimeError):
     """The script exited non-zero; carries its exit code and the last lines of its stderr."""
 
     def __init__(self, command: Sequence[str], returncode: int, stderr_tail: Sequence[str],
@@ -62,9 +63,9 @@ class RunError(RuntimeError):
 def _prepare_dump_dir(dump_dir: Path) -> Path:
     dump_dir = dump_dir.resolve()
     if dump_dir.exists() and not dump_dir.is_dir():
-        raise ValueError(f"{dump_dir}: not a directory")
+        raise ConfigurationError(f"{dump_dir}: not a directory")
     if dump_dir.is_dir() and any(dump_dir.iterdir()):
-        raise ValueError(f"{dump_dir}: dump folder is not empty; choose a new one")
+        raise ConfigurationError(f"{dump_dir}: dump folder is not empty; choose a new one")
     dump_dir.mkdir(parents=True, exist_ok=True)
     return dump_dir
 
@@ -195,7 +196,7 @@ def run_example(
     framework = normalize_framework(framework)
     script = example.script(framework)
     if variant not in example.variants:
-        raise ValueError(
+        raise ConfigurationError(
             f"example {name!r} has variants {', '.join(example.variants)}; not {variant!r}"
         )
     if target is None and example.target_only:
@@ -211,7 +212,7 @@ def run_example(
             from hlo_doctor.examples import EXAMPLES
 
             able = ", ".join(e.name for e in EXAMPLES if e.targets)
-            raise ValueError(f"example {name!r} does not compile for a deviceless target; "
+            raise ConfigurationError(f"example {name!r} does not compile for a deviceless target; "
                              f"these do: {able}")
         args += ["--devices", str(target.device_count),
                  "--devices-per-host", str(target.devices_per_host)]

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hlo_doctor.errors import HloDoctorError
+
 if TYPE_CHECKING:
     from hlo_doctor.runner.tpu_targets import TpuTarget
 
@@ -63,7 +65,7 @@ _MAX_DEVICES = 4096
 _ENUM_LIST_OPTIONS = frozenset({"xla_gpu_disable_async_collectives"})
 
 
-class TargetError(ValueError):
+class TargetError(HloDoctorError, ValueError):
     """A ``--target`` or ``--target-config`` value that cannot be used."""
 
 
