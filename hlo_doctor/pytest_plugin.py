@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from hlo_doctor.rules.base import Severity
+from hlo_doctor.findings import Severity
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

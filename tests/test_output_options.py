@@ -67,12 +67,12 @@ def test_text_failure_prints_no_document():
 def test_ctrl_c_exits_130():
     # A real SIGINT, sent to the CLI's own process in the middle of the analysis.
     script = (
-        "import os, signal, time, hlo_doctor.cli_common as c\n"
+        "import os, signal, time, hlo_doctor.cli.common as c\n"
         "def slow(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(5)\n"
         "c.run_analysis = slow\n"
-        "import hlo_doctor.cli_report as r; r.run_analysis = slow\n"
+        "import hlo_doctor.cli.output as r; r.run_analysis = slow\n"
         "from hlo_doctor.cli import main\n"
         "main()\n"
     )
@@ -260,7 +260,7 @@ def test_source_lines_come_only_from_the_project(tmp_path, monkeypatch):
 def test_progress_bar_only_on_a_terminal_and_only_when_slow(monkeypatch, tty, seconds, shown):
     import time
 
-    from hlo_doctor.cli_common import Progress
+    from hlo_doctor.cli.common import Progress
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
     monkeypatch.setattr(Progress, "DELAY", 0.1)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hlo_doctor import __version__
+from hlo_doctor._version import __version__
 from hlo_doctor.errors import InputError
-from hlo_doctor.gate.fingerprint import occurrence_fingerprints
+from hlo_doctor.findings import Finding
+from hlo_doctor.fingerprint import occurrence_fingerprints
 from hlo_doctor.report.files import write_atomically
-from hlo_doctor.rules.base import Finding
 
 BASELINE_VERSION = 1
 

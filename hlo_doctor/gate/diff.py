@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hlo_doctor.analysis import Report, analyze_dump
+from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import Dump, DumpModule, load_dump
-from hlo_doctor.gate.fingerprint import module_family, occurrence_fingerprints
-from hlo_doctor.rules.base import Finding
+from hlo_doctor.findings import Finding, Report
+from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from hlo_doctor.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
+    from hlo_doctor.findings import Report
     from hlo_doctor.report.source import SourcePolicy
 
 FORMATS = ("text", "json", "sarif", "markdown", "github", "html")
@@ -46,7 +46,7 @@ def render(
 
         return render_json(report)
     if output_format == "sarif":
-        from hlo_doctor.gate.fingerprint import occurrence_fingerprints
+        from hlo_doctor.fingerprint import occurrence_fingerprints
         from hlo_doctor.report.sarif import render_sarif
         from hlo_doctor.rules import discover
 

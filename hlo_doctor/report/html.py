@@ -18,16 +18,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from hlo_doctor.errors import one_line
+from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.report.source import SourcePolicy, source_lines
 from hlo_doctor.report.svg import Bar, Edge, MeshCell, Node, bars_svg, dataflow_svg, grid_shape, mesh_svg
 from hlo_doctor.report.text import bytes_line, fixes_for
-from hlo_doctor.rules.base import Finding, Severity
 from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
+    from hlo_doctor.findings import Report
     from hlo_doctor.rules.context import RuleContext
 
 __all__ = ["INVENTORY_KEYS", "module_inventory", "render_html"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from hlo_doctor.cli_common import (
+from hlo_doctor.cli.common import (
     analysis_options,
     effective_config,
     emit,
@@ -20,8 +20,8 @@ from hlo_doctor.cli_common import (
     load_rules,
 )
 from hlo_doctor.config import SEVERITIES
+from hlo_doctor.findings import Severity
 from hlo_doctor.report.safe import plain
-from hlo_doctor.rules.base import Severity
 
 
 @click.command("check")
@@ -45,7 +45,7 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
     """
     import dataclasses
 
-    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
+    from hlo_doctor.cli.output import OutputOptions, analyze_or_exit, failures_as_json, write_report
     from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
 
     out = OutputOptions.pop_from(output)

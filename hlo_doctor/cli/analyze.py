@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from hlo_doctor.cli_common import (
+from hlo_doctor.cli.common import (
     analysis_options,
     effective_config,
     ids,
@@ -35,7 +35,7 @@ def analyze_command(dump, devices_per_host, hardware, select, ignore, config_fil
       hlo-doctor analyze ./dump --hardware h100 --devices-per-host 8
       hlo-doctor analyze ./dump --format html -o report.html
     """
-    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
+    from hlo_doctor.cli.output import OutputOptions, analyze_or_exit, failures_as_json, write_report
 
     out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from hlo_doctor.cli_common import input_errors_exit_2
+from hlo_doctor.cli.common import input_errors_exit_2
 from hlo_doctor.errors import InputError
 from hlo_doctor.units import format_bytes
 

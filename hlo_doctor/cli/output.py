@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hlo_doctor import __version__
-from hlo_doctor.cli_common import emit, fail, run_analysis
+from hlo_doctor._version import __version__
+from hlo_doctor.cli.common import emit, fail, run_analysis
 from hlo_doctor.errors import InputError
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
     from hlo_doctor.config import Config
+    from hlo_doctor.findings import Report
 
 __all__ = ["OutputOptions", "analyze_or_exit", "failures_as_json", "write_report"]
 
