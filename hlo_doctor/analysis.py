@@ -27,7 +27,7 @@ from hlo_doctor.rules import (
 )
 from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
-from hlo_doctor.rules.hardware import HardwareProfile, load_profile
+from hlo_doctor.semantics.hardware import HardwareProfile, load_profile
 
 __all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]  # the records live in hlo_doctor.findings
 

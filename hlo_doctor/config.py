@@ -140,7 +140,7 @@ def load_config(
         settings["devices_per_host"] = Setting(value, origin)
     if "hardware" in table:
         value = table["hardware"]
-        from hlo_doctor.rules.hardware import profile_names
+        from hlo_doctor.semantics.hardware import profile_names
 
         _check_choice("hardware", value, tuple(profile_names()), origin)
         settings["hardware"] = Setting(value, origin)

@@ -93,7 +93,7 @@ def effective_config(config_file: Path | None, registry=None, **overrides: Any) 
             if unknown:
                 raise InputError(f"unknown rule id '{unknown[0]}' (known: {', '.join(sorted(known))})")
     if overrides.get("hardware"):
-        from hlo_doctor.rules.hardware import profile_names
+        from hlo_doctor.semantics.hardware import profile_names
 
         name = overrides["hardware"]
         if name not in profile_names() and not Path(name).is_file():

@@ -24,7 +24,7 @@ from hlo_doctor.semantics import ModuleSemantics
 if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow import DataflowGraph
     from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, SourceLocation
-    from hlo_doctor.rules.hardware import HardwareProfile
+    from hlo_doctor.semantics.hardware import HardwareProfile
 
 __all__ = [
     "AnalysisOptions",

@@ -9,7 +9,7 @@ written as base-dilated convolutions meet one real input per batch dim); a
 GEMM library call (``__cublas$gemm``, ``__cublas$lt$matmul``) reads its
 contracting dims from ``gemm_backend_config``; a fusion counts the matmuls
 it fuses. Times are per device, at the profile's dense peak for the matmul's
-element type (:meth:`~hlo_doctor.rules.hardware.HardwareProfile.peak_for`).
+element type (:meth:`~hlo_doctor.semantics.hardware.HardwareProfile.peak_for`).
 
 **Collectives** take their ring wire bytes (:mod:`hlo_doctor.graph.collectives`)
 over the bandwidth of the link they use: across the slow boundary (hosts on
@@ -41,9 +41,9 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.semantics.execution import backend_config_json, walk
 
 if TYPE_CHECKING:
-    from hlo_doctor.rules.hardware import HardwareProfile
     from hlo_doctor.semantics import ModuleSemantics
     from hlo_doctor.semantics.collective_model import CollectiveFacts
+    from hlo_doctor.semantics.hardware import HardwareProfile
 
 __all__ = [
     "OVERLAPPABLE_ROLES",
