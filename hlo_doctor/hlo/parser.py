@@ -13,11 +13,12 @@ from caching shapes by text. Every error is a :class:`ParseError` at
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 from hlo_doctor._gc import paused_gc
-from hlo_doctor.hlo import fast_path
+from hlo_doctor.hlo import fast_path  # the submodule (hlo/__init__ is not imported for it)
+from hlo_doctor.hlo.frame_tables import FrameTableReader
 from hlo_doctor.hlo.ir import (
+    CALLED_COMPUTATION_KEYS,
     ELEMENT_BITS,
     Computation,
     HloModule,
@@ -26,81 +27,25 @@ from hlo_doctor.hlo.ir import (
     Position,
     Shape,
     StackFrameTables,
+    called_computation_names,
 )
-from hlo_doctor.hlo.lexer import NAME, SPACE, Scanner, unescape
+from hlo_doctor.hlo.lexer import NAME, SPACE, unescape
 from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
+from hlo_doctor.hlo.scope import LITERAL_OPCODES, _Scope, infer_shape, make_computation
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 
 _ATTR_KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
 _ARRAY_START = re.compile(r"([a-z][a-z0-9]*)\s*\[|(b)\(")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
-_TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"(?:[^\"\\]|\\.)*\"|\{[^}\n]*\})")
-_TABLE_FIELD = re.compile(r"(\w+)=(-?\d+)")
 
-TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-
-# Attributes whose value names called computations.
-CALLED_COMPUTATION_KEYS = frozenset(
-    {
-        "to_apply",
-        "calls",
-        "body",
-        "condition",
-        "branch_computations",
-        "true_computation",
-        "false_computation",
-        "called_computations",
-        "select",
-        "scatter",
-        "comparator",
-    }
-)
-# Ops that take a literal, not operands, between their parentheses.
-LITERAL_OPCODES = frozenset({"constant", "parameter"})
-# Ops whose result shape XLA infers as "same as operand 0" when the text omits it.
-_SAME_AS_OPERAND = frozenset(
-    {
-        "abs", "add", "and", "atan2", "cbrt", "ceil", "copy", "cosine", "divide",
-        "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
-        "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "power",
-        "remainder", "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "subtract",
-        "tan", "tanh", "xor", "opt-barrier", "all-reduce", "collective-permute",
-        "bitcast", "reduce-precision", "clamp", "select",
-    }
-)
-UNKNOWN_SHAPE = Shape("unknown")
-
-
-class _Scope:
-    """Instructions of the computation being parsed, in order."""
-
-    __slots__ = ("instructions", "by_name", "async_starts", "roots")
-
-    def __init__(self) -> None:
-        self.instructions: list[Instruction] = []
-        self.by_name: dict[str, Instruction] = {}
-        self.async_starts: dict[str, tuple[str, ...]] = {}
-        self.roots: list[Instruction] = []
-
-    def shape_of(self, name: str) -> Shape:
-        instruction = self.by_name.get(name)
-        return instruction.shape if instruction is not None else UNKNOWN_SHAPE
-
-    def add(self, instruction: Instruction) -> None:
-        self.instructions.append(instruction)
-        self.by_name[instruction.name] = instruction
-        if instruction.is_root:
-            self.roots.append(instruction)
-
-
-class Parser(Scanner):
+class Parser(FrameTableReader):
     """A single-use parser over one module's text."""
 
     def __init__(self, text: str, path: str | None = None) -> None:
         super().__init__(text, path)
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
-        self.origin = ModuleText(text, path)
+        self.origin = ModuleText(text, path, split_attributes)
         self._line = 1
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
@@ -168,59 +113,6 @@ class Parser(Scanner):
             frame_tables=self.frame_tables,
             path=self.path,
         )
-
-    def parse_frame_tables(self) -> None:
-        tables: dict[str, dict[int, object]] = {}
-        while True:
-            self.skip_space()
-            for table in TABLE_NAMES:
-                if self.parse_optional_keyword(table):
-                    tables[table] = self.parse_table_rows(table)
-                    break
-            else:
-                break
-        if not tables:
-            return
-        file_locations = {}
-        for key, fields in tables.get("FileLocations", {}).items():
-            if not isinstance(fields, dict):  # a table row we cannot read: no location, as XLA tolerates
-                continue
-            file_locations[key] = (
-                fields.get("file_name_id", 0),
-                fields.get("function_name_id", 0),
-                fields.get("line", 0),
-                fields.get("column"),
-            )
-        stack_frames = {}
-        for key, fields in tables.get("StackFrames", {}).items():
-            if not isinstance(fields, dict):
-                continue
-            stack_frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
-        if any(parent == key for key, (_, parent) in stack_frames.items()):
-            # XLA (jaxlib 0.10.2) prints parent_frame_id one higher than the
-            # parent's id (a root frame shows itself as its parent); a correct
-            # table never has a self-parent, so this marks the convention.
-            stack_frames = {key: (location, parent - 1) for key, (location, parent) in stack_frames.items()}
-        self.frame_tables = self.origin.frame_tables = StackFrameTables(
-            file_names=tables.get("FileNames", {}),  # type: ignore[arg-type]
-            function_names=tables.get("FunctionNames", {}),  # type: ignore[arg-type]
-            file_locations=file_locations,
-            stack_frames=stack_frames,
-        )
-
-    def parse_table_rows(self, table: str) -> dict[int, object]:
-        rows: dict[int, object] = {}
-        while True:
-            self.skip_space()
-            m = _TABLE_ROW.match(self.text, self.pos)
-            if m is None:
-                return rows
-            self.pos = m.end()
-            value = m.group(2)
-            if value.startswith('"'):
-                rows[int(m.group(1))] = unescape(value[1:-1])
-            else:
-                rows[int(m.group(1))] = {k: int(v) for k, v in _TABLE_FIELD.findall(value)}
 
     # -- computations -------------------------------------------------------------
 
@@ -633,25 +525,6 @@ class Parser(Scanner):
 _ASYNC_WRAPPER_KEYS = frozenset({"async_execution_thread", "async_group_id", "metadata", "backend_config"})
 
 
-def make_computation(
-    name: str,
-    scope: _Scope,
-    position: Position,
-    is_entry: bool,
-    parameter_shapes: tuple[Shape, ...],
-    execution_thread: str | None,
-) -> Computation:
-    return Computation(
-        name=name,
-        instructions=tuple(scope.instructions),
-        position=position,
-        is_entry=is_entry,
-        parameter_shapes=parameter_shapes,
-        execution_thread=execution_thread,
-        by_name=scope.by_name,
-    )
-
-
 def parse_header(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The name and attributes of a module's header line, read as :func:`parse_module` reads
     them (``HloModule.attribute`` gives the same text). Raises :class:`ParseError`."""
@@ -673,33 +546,6 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     if parser.skip_space() != len(text):
         raise parser.error("expected ',' before the next attribute")
     return tuple(attributes)
-
-
-def called_computation_names(attributes: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-    names: list[str] = []
-    for key, value in attributes:
-        if key in CALLED_COMPUTATION_KEYS:
-            if value.startswith("{"):
-                names.extend(n.strip().lstrip("%") for n in value[1:-1].split(",") if n.strip())
-            else:
-                names.append(value.lstrip("%"))
-    return tuple(names)
-
-
-def infer_shape(
-    opcode: str, operands: tuple[str, ...], attributes: list[tuple[str, str]], scope: _Scope
-) -> Shape:
-    """The shape XLA would infer for an instruction written without one."""
-    shapes = [scope.shape_of(o) for o in operands]
-    if opcode == "tuple":
-        return Shape("tuple", tuple_shapes=tuple(shapes))
-    if opcode == "get-tuple-element" and shapes and shapes[0].is_tuple:
-        for key, value in attributes:
-            if key == "index" and value.isdigit() and int(value) < len(shapes[0].tuple_shapes):
-                return shapes[0].tuple_shapes[int(value)]
-    if opcode in _SAME_AS_OPERAND and shapes:
-        return shapes[-1] if opcode == "select" else shapes[0]
-    return UNKNOWN_SHAPE
 
 
 def parse_module(text: str, *, path: str | None = None) -> HloModule:

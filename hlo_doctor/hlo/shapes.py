@@ -11,7 +11,7 @@ import re
 from functools import lru_cache
 
 from hlo_doctor.hlo.errors import ParseError
-from hlo_doctor.hlo.ir import ELEMENT_BITS, Layout, Shape
+from hlo_doctor.hlo.ir_shape import ELEMENT_BITS, Layout, Shape
 
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\s*\[([^\]]*)\]")
 _SPACE = re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.S)
