@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, NodeKey, propagate_forward
@@ -340,8 +341,10 @@ def _keep(value: Pairs, rank: int) -> Pairs:
     return frozenset(p for p in value if p[1] < rank)
 
 
-# Dim maps by what determines them (see _Transfer._dim_maps): a module repeats a few kinds of op.
-_MAPS: dict[tuple, tuple[tuple[int, ...], ...] | None] = {}
+@lru_cache(maxsize=8192)
+def _cached_map(key: tuple) -> tuple[tuple[int, ...], ...]:
+    """The dim map of an op by what determines it (see _Transfer._dim_maps): a module repeats a few kinds of op."""
+    return roles_map(key[1]) if key[0] == "dot" else _dim_map(key)
 
 
 def roles_map(roles) -> tuple[tuple[int, ...], ...]:
@@ -425,17 +428,14 @@ class _Transfer:
                 roles = dot_dims(instruction, rank, rhs.rank)
             except (ValueError, IndexError, KeyError):
                 return None
-            key: tuple = ("dot", id(roles))  # dot_dims keeps each DotDims alive in its cache
+            key: tuple = ("dot", roles)
         elif opcode in ("transpose", "broadcast", "reduce"):
             key = (opcode, instruction.dimensions or (), rank)
         elif opcode == "bitcast":
             key = (opcode, operand, instruction.shape)
         else:
             key = (opcode, operand.dims, instruction.shape.dims)
-        found = _MAPS.get(key, _MISSING)
-        if found is _MISSING:
-            found = _MAPS[key] = roles_map(roles) if opcode in _DOTS else _dim_map(key)
-        return found  # type: ignore[return-value]
+        return _cached_map(key)
 
     def joined(self, node: int, kinds: frozenset[str]):
         value = _EMPTY
