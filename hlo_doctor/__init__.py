@@ -17,6 +17,7 @@ __all__ = ["__version__", "analyze_dump", "analyze_jax"]
 
 def __getattr__(name: str) -> Any:
     if name in ("analyze_dump", "analyze_jax"):
+        # Imported on first use, so that ``import hlo_doctor`` (and reading __version__) stays cheap.
         from hlo_doctor import api
 
         return getattr(api, name)

@@ -32,6 +32,9 @@ import pytest
 
 from hlo_doctor.findings import Severity
 
+# pytest loads this plugin (an entry point) in every session of an environment that has
+# hlo-doctor installed, so the analysis is imported only when a test asks for it.
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hlo-doctor", "hlo-doctor: gate compiled XLA graphs")

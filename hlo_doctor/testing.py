@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.errors import ConfigurationError
 from hlo_doctor.rules.base import Finding, Rule
-from hlo_doctor.rules.registry import Registry
+from hlo_doctor.rules.registry import Registry, discover
 
 EXPECTED = "expected_findings.json"
 
@@ -145,8 +146,6 @@ def load_case(folder: str | os.PathLike[str]) -> Case:
 
 def builtin_rule_ids(registry: Registry | None = None) -> list[str]:
     """The ids of hlo-doctor's built-in rules (not the installed plugins'), sorted."""
-    from hlo_doctor.rules.registry import discover
-
     return (registry or discover()).builtin_ids()
 
 
@@ -165,8 +164,6 @@ def _selection(rules: RuleChoice | None, registry: Registry | None) -> tuple[Reg
         else:
             raise TypeError(f"rules: expected rule ids or Rule classes, got {rule!r}")
     if classes:
-        from hlo_doctor.rules.registry import discover
-
         base = registry or discover()
         registry = Registry()
         for rule_id in base.ids():
@@ -187,8 +184,6 @@ def run_case(
     registry: Registry | None = None,
 ) -> CaseResult:
     """Analyze the case's dump with its rules (see the module docstring) and compare."""
-    from hlo_doctor.analysis import analyze_dump
-
     if not isinstance(case, Case):
         case = load_case(case)
     registry, ids = _selection(rules, registry)

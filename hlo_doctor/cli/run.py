@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.examples import EXAMPLES, get_example
 from hlo_doctor.report.text import render_text
 from hlo_doctor.runner.detect import FrameworkError, detect_framework
 from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
@@ -116,7 +117,6 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
         if example is not None:
             if command or devices is not None or devices_per_host is not None:
                 raise click.UsageError("--example takes no script, --devices or --devices-per-host")
-            from hlo_doctor.examples import get_example
 
             entry = get_example(example)
             framework = framework or entry.frameworks[0]
@@ -160,8 +160,6 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
 @click.command("examples")
 def examples_command():
     """List the example gallery: one example per line."""
-    from hlo_doctor.examples import EXAMPLES
-
     width = max(len(e.name) for e in EXAMPLES)
     for e in EXAMPLES:
         click.echo(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hlo_doctor.hlo.errors import ParseError
+
 if TYPE_CHECKING:
     pass
 
@@ -23,8 +25,6 @@ def _check_readable(path: Path) -> None:
 
 def _decode(data: bytes, where: str) -> str:
     """UTF-8 text, or a ParseError at the line:col of the first NUL or invalid byte."""
-    from hlo_doctor.hlo.errors import ParseError
-
     nul = data.find(b"\x00")
     if nul != -1:
         line, col = _byte_line_col(data, nul)

@@ -15,6 +15,7 @@ from hlo_doctor.dump.textproto import Message, TextprotoError, parse_textproto
 if TYPE_CHECKING:
     pass
 from hlo_doctor.dump import files as dump_files  # read through the module, so a test can stand in for it
+from hlo_doctor.dump.protowire import WireError
 from hlo_doctor.dump.snapshot import (
     DumpError,
     Partitioner,
@@ -97,8 +98,6 @@ class DumpModule:
         return None
 
     def _read_binary_options(self, path: Path) -> CompileOptions | None:
-        from hlo_doctor.dump.protowire import WireError
-
         try:
             return CompileOptions.from_binary(dump_files._read_bytes(path), str(path))
         except OSError as error:

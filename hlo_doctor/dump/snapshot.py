@@ -18,7 +18,10 @@ from hlo_doctor.hlo.shapes import ShapeSyntaxError, shape_from_text
 
 if TYPE_CHECKING:
     from hlo_doctor.hlo.ir import HloModule
+from hlo_doctor import hlo
 from hlo_doctor.dump import files as dump_files  # read through the module, so a test can stand in for it
+from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.hlo.parser import parse_header
 
 RUN_RECORD = "hlo_doctor_run.json"
 HEADER_BYTES = 64 * 1024
@@ -32,8 +35,6 @@ class ReportedFailure(Exception):
 def header_attributes(header: str) -> dict[str, str]:
     """The attributes of a module header line, read by the parser's own header rule
     (the raw text ``HloModule.attribute`` would give); {} when the line does not parse."""
-    from hlo_doctor.hlo.errors import ParseError
-    from hlo_doctor.hlo.parser import parse_header
 
     try:
         return dict(parse_header(header)[1])
@@ -170,8 +171,6 @@ class Snapshot:
             return self._module
         if self._failure is not None:
             raise self._failure
-        from hlo_doctor import hlo
-        from hlo_doctor.hlo.errors import ParseError
 
         where = str(self.path)
         try:

@@ -16,9 +16,9 @@ from typing import Any
 
 from hlo_doctor._version import __version__
 from hlo_doctor.errors import InputError
+from hlo_doctor.files import write_atomically
 from hlo_doctor.findings import Finding
 from hlo_doctor.fingerprint import occurrence_fingerprints
-from hlo_doctor.report.files import write_atomically
 
 BASELINE_VERSION = 1
 

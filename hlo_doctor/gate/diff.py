@@ -18,6 +18,7 @@ from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import Dump, DumpModule, load_dump
 from hlo_doctor.findings import Finding, Report
 from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
+from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 
 
@@ -185,7 +186,6 @@ def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions
 def _collective_details(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> list[CollectiveDetail]:
     if module is None:
         return []
-    from hlo_doctor.rules._batch import parameter_name
 
     ctx = RuleContext(dump, module, options)
     hlo = ctx.per_device

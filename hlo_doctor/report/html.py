@@ -17,13 +17,19 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from hlo_doctor.dump import load_dump
+from hlo_doctor.dump.folder import Role
 from hlo_doctor.errors import one_line
 from hlo_doctor.findings import Finding, Severity
+from hlo_doctor.graph.dataflow import build_graph
+from hlo_doctor.graph.sharding import shard_shape
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.report.source import SourcePolicy, source_lines
 from hlo_doctor.report.svg import Bar, Edge, MeshCell, Node, bars_svg, dataflow_svg, grid_shape, mesh_svg
 from hlo_doctor.report.text import bytes_line, fixes_for
+from hlo_doctor.rules import AnalysisOptions, RuleContext
+from hlo_doctor.semantics.inventory import module_rows
 from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
@@ -47,7 +53,6 @@ def module_inventory(ctx: RuleContext | None) -> list[dict[str, Any]] | None:
     """
     if ctx is None or ctx.per_device is None:
         return None
-    from hlo_doctor.semantics.inventory import module_rows
 
     def source_of(instruction):  # noqa: ANN001, ANN202
         frame, _ = ctx.user_source(instruction)
@@ -76,8 +81,6 @@ def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
 
 
 def _contexts(report: Report) -> tuple[dict[str, RuleContext], str | None]:
-    from hlo_doctor.dump import load_dump
-    from hlo_doctor.rules import AnalysisOptions, RuleContext
 
     try:
         dump = load_dump(report.dump)
@@ -222,8 +225,6 @@ def _cell(key: str, value: Any) -> str:
 def _graphs_for(finding: Finding, ctx: RuleContext) -> Iterator[tuple[Any, bool]]:
     """Dataflow graphs to look for the finding's op in, with whether their shapes are per device:
     the snapshot the finding points at, then the per-device one (whose names findings use)."""
-    from hlo_doctor.dump.folder import Role
-    from hlo_doctor.graph.dataflow import build_graph
 
     for snapshot in ctx.module.snapshots:
         if finding.file is not None and str(snapshot.path) == finding.file and snapshot.module() is not ctx.per_device:
@@ -237,8 +238,6 @@ def _is_collective(opcode: str) -> bool:
 
 
 def _device_shape(instruction, per_device: bool) -> str:
-    from hlo_doctor.graph.sharding import shard_shape
-
     shape = instruction.shape
     if shape.is_tuple:
         return f"tuple of {len(shape.tuple_shapes)}"

@@ -8,7 +8,11 @@ import re
 from collections.abc import Iterator
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
-from hlo_doctor.rules.context import COLLECTIVE_KINDS
+
+COLLECTIVE_KINDS = (
+    "all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+    "collective-permute", "collective-broadcast", "ragged-all-to-all",
+)
 
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 

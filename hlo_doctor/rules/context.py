@@ -15,9 +15,13 @@ from typing import TYPE_CHECKING
 
 from hlo_doctor.dump import Dump, DumpModule, Role
 from hlo_doctor.graph.collectives import Collective, find_collectives
+from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.devices import DeviceMap, device_map
+from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
+from hlo_doctor.rules._analyses import count_flops, execution_counts
+from hlo_doctor.rules._suggest import argument_name
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
 
@@ -34,10 +38,6 @@ __all__ = [
 
 PENDING_NAME = "\x00hlo-doctor-pending-name:"
 
-COLLECTIVE_KINDS = (
-    "all-gather", "all-reduce", "reduce-scatter", "all-to-all",
-    "collective-permute", "collective-broadcast", "ragged-all-to-all",
-)
 
 @dataclass(frozen=True, slots=True)
 class AnalysisOptions:
@@ -140,7 +140,6 @@ class RuleContext:
         module = self.before_optimizations
         if module is None or module.entry is None:
             return {}
-        from hlo_doctor.rules._suggest import argument_name
 
         names: dict[int, str] = {}
         for param in module.entry.parameters():
@@ -215,8 +214,6 @@ class RuleContext:
     @cached_property
     def executions(self) -> dict[str, int]:
         """Per-device module: how often each computation runs per step (while trip counts)."""
-        from hlo_doctor.rules._analyses import execution_counts
-
         module = self.per_device
         return execution_counts(module) if module is not None else {}
 
@@ -228,8 +225,6 @@ class RuleContext:
         is a placeholder, replaced in the finding's name, message, related names and evidence
         when the worker's findings come back: use it in findings only, not to decide anything.
         """
-        from hlo_doctor.graph.linking import twin_refs
-
         module = self.after_propagation
         if module is None or not keys:
             return {}
@@ -245,8 +240,6 @@ class RuleContext:
 
     def resolve_names(self, refs: dict[tuple[str, str], object]) -> dict[tuple[str, str], str]:
         """:meth:`partitioned_names` from the keys' TwinRefs."""
-        from hlo_doctor.graph.linking import link_modules, resolve_twin
-
         partitioned = self.partitioned
         if partitioned is None:
             return {}
@@ -270,16 +263,12 @@ class RuleContext:
     @cached_property
     def graph(self) -> DataflowGraph | None:
         """The dataflow graph of the per-device module."""
-        from hlo_doctor.graph.dataflow import build_graph
-
         module = self.per_device
         return build_graph(module) if module is not None else None
 
     @cached_property
     def dot_flops(self) -> float:
         """Per-device FLOPs of dots and convolutions per step (while bodies times their trip count)."""
-        from hlo_doctor.rules._analyses import count_flops
-
         module = self.per_device
         return count_flops(module) if module is not None else 0.0
 

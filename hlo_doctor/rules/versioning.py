@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from hlo_doctor._version import __version__
 from hlo_doctor.errors import ConfigurationError
 
 API_VERSION = "1.1"  # 1.1: Rule.reads
@@ -93,7 +94,6 @@ def api_version_problem(rule: type) -> str | None:
         return f"{name}.api_version is not a valid requirement: {error}"
     if ok:
         return None
-    from hlo_doctor._version import __version__
 
     return (
         f"{name} needs rule-plugin API {requirement!r}, but hlo-doctor {__version__} provides API {API_VERSION}; "

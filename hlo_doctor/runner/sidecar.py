@@ -44,6 +44,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from hlo_doctor.dump.options import CompileOptions
+from hlo_doctor.dump.textproto import TextprotoError, parse_textproto
+
 SCHEMA_VERSION = 1
 SIDECAR_NAME = "hlo_doctor_run.json"
 _VERSIONED = {"jax": ("jax", "jaxlib"), "torch_xla": ("torch", "torch_xla")}
@@ -121,8 +124,6 @@ def infer_partitioner(dump_dir: Path, framework: str) -> str | None:
 
 def read_device_assignments(dump_dir: Path) -> dict[str, list[int]]:
     """``module_NNNN.NAME`` -> device of each logical id, from the dump's ``*config.pbtxt``."""
-    from hlo_doctor.dump.options import CompileOptions
-    from hlo_doctor.dump.textproto import TextprotoError, parse_textproto
 
     found: dict[str, list[int]] = {}
     for path in sorted(dump_dir.glob("*config.pbtxt")):
