@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from hlo_doctor.cli import main
+from tests.sarif_schema import SARIF_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "fixtures" / "fsdp-activation-gather" / "jax-shardy-bad"
 # Two findings of two rules with different causes: the padded vocab dim, and the vocab-parallel
 # all-reduces over all 8 devices, which cross hosts of 4.
 TWO_CAUSES = (str(ROOT / "fixtures" / "uneven-padding" / "jax-shardy-bad"), "--devices-per-host", "4")
-SARIF_SCHEMA = ROOT.parent / "shared" / "schemas" / "sarif-2.1.0.json"
 BUILTIN = ("--ignore", "expert-weights-not-expert-sharded")  # a plugin the test venv may have installed
 
 

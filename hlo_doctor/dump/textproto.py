@@ -70,11 +70,14 @@ class Message:
         for key, _ in self.fields:
             counts[key] = counts.get(key, 0) + 1
         out: dict[str, object] = {}
+        repeated: dict[str, list[object]] = {}
         for key, value in self.fields:
             plain = value.to_dict() if isinstance(value, Message) else value
             if counts[key] > 1:
-                out.setdefault(key, [])
-                out[key].append(plain)  # type: ignore[union-attr]
+                if key not in repeated:
+                    repeated[key] = []
+                    out[key] = repeated[key]
+                repeated[key].append(plain)
             else:
                 out[key] = plain
         return out

@@ -63,7 +63,7 @@ from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 if TYPE_CHECKING:
     from hlo_doctor.graph.devices import DeviceMap
     from hlo_doctor.graph.mesh import Mesh
-    from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, SourceLocation
+    from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Shape, SourceLocation
 
 __all__ = ["Collective", "Form", "GroupMode", "find_collectives", "group_mode", "participant_groups"]
 
@@ -271,9 +271,9 @@ def find_collectives(
                     op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
                     num_replicas, num_partitions, device_map, mesh, memo=memo,
                 )
-            elif opcode == "send" and (kind := tpu_collectives.megascale_kind(instruction)) is not None:
+            elif opcode == "send" and (megascale := tpu_collectives.megascale_kind(instruction)) is not None:
                 users = users if users is not None else computation.users()
-                found = _describe_megascale(instruction, kind, computation, users, device_map, mesh)
+                found = _describe_megascale(instruction, megascale, computation, users, device_map, mesh)
             else:
                 continue
             out.append(found)
@@ -350,8 +350,8 @@ def _wrapped_collective(module: HloModule, start: Instruction) -> tuple[str, str
     for name in start.called_computations:
         called = module.computation(name)
         root = called.root if called is not None else None
-        if root is not None and root.opcode in COLLECTIVE_OPCODES:
-            return called.name, root.name  # type: ignore[union-attr]
+        if called is not None and root is not None and root.opcode in COLLECTIVE_OPCODES:
+            return called.name, root.name
     return None
 
 
@@ -528,7 +528,7 @@ def _bytes(kind: str, op: Instruction, computation: Computation) -> tuple[int, i
     return _operand_bytes(op, computation), shape.byte_size
 
 
-def _first_leaf_bytes(shape) -> int:  # type: ignore[no-untyped-def]
+def _first_leaf_bytes(shape: Shape) -> int:
     return shape.tuple_shapes[0].byte_size if shape.is_tuple and shape.tuple_shapes else shape.byte_size
 
 

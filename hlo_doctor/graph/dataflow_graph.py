@@ -172,7 +172,7 @@ class DataflowGraph:
 
     # ---- lookups -------------------------------------------------------
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, tuple) and len(key) == 2 and self.id_of(key) is not None  # type: ignore[arg-type]
+        return isinstance(key, tuple) and len(key) == 2 and self.id_of(key) is not None
 
     def __len__(self) -> int:
         return len(self.instruction_at)

@@ -489,8 +489,8 @@ def infer_mesh(module: HloModule, num_partitions: int | None = None) -> Mesh | N
                 arrays.append(((len(groups), len(groups[0])), tuple(d for g in groups for d in g)))
     n = num_partitions
     if n is None:
-        sizes = {len(ids) for _, ids in arrays}
-        n = max(sizes) if sizes else None
+        lengths = {len(ids) for _, ids in arrays}
+        n = max(lengths) if lengths else None
     if n is None or n < 1:
         return None
     cuts = {1, n}
@@ -504,9 +504,7 @@ def infer_mesh(module: HloModule, num_partitions: int | None = None) -> Mesh | N
     for cut in sorted(cuts):
         if cut > chain[-1] and cut % chain[-1] == 0 and n % cut == 0:
             chain.append(cut)
-    sizes = tuple(b // a for a, b in pairwise(chain))[::-1]  # major first
-    if not sizes:
-        sizes = (1,)
+    sizes = tuple(b // a for a, b in pairwise(chain))[::-1] or (1,)  # major first
     names = tuple(f"axis_{i}" for i in range(len(sizes)))
     return Mesh(names, sizes, tuple(range(n)), "inferred")
 

@@ -338,4 +338,4 @@ def _replace(sharding: Sharding, **changes: object) -> Sharding:
         )
     }
     fields.update(changes)
-    return Sharding(**fields)  # type: ignore[arg-type]
+    return Sharding(**fields)

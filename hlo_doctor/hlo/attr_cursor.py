@@ -11,6 +11,7 @@ from hlo_doctor.hlo.ir_sharding import (
     ShardingKind,
     SubgroupType,
 )
+from hlo_doctor.hlo.lexer import always_matches
 
 __all__ = ["parse_int_list", "parse_int_lists"]
 
@@ -18,6 +19,7 @@ _CACHE_SIZE = 8192
 
 # Whitespace and /* comments */ (the printer writes /*index=5*/ in tuples).
 _SPACE = re.compile(r"(?:\s+|/\*.*?\*/)*", re.S)
+_SPACE_MATCH = always_matches(_SPACE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INT = re.compile(r"[+-]?\d+")
 _INT_LIST = re.compile(r"[+-]?\d+(?:(?:\s|/\*.*?\*/)*,(?:\s|/\*.*?\*/)*[+-]?\d+)*", re.S)
@@ -90,7 +92,7 @@ class _Cursor:
     # -- primitives -------------------------------------------------------
 
     def skip(self) -> None:
-        self.pos = _SPACE.match(self.text, self.pos).end()  # type: ignore[union-attr]
+        self.pos = _SPACE_MATCH(self.text, self.pos).end()
 
     def peek(self) -> str:
         self.skip()

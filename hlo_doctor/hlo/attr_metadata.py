@@ -30,7 +30,8 @@ def parse_metadata(text: str) -> OpMetadata:
 def _parse_metadata_at(cursor: _Cursor) -> OpMetadata:
     start = cursor.pos
     cursor.expect("{", "to start metadata")
-    fields: dict[str, object] = {}
+    strings: dict[str, str] = {}
+    ints: dict[str, int] = {}
     while not cursor.eat("}"):
         if cursor.at_end():
             raise cursor.error("expected '}' to end metadata, found end of text")
@@ -41,23 +42,23 @@ def _parse_metadata_at(cursor: _Cursor) -> OpMetadata:
             raise cursor.error(f"expected a metadata attribute name, found {cursor.describe()}")
         cursor.expect("=", f"after metadata attribute {key}")
         if key in ("op_type", "op_name", "source_file"):
-            fields[key] = cursor.parse_string(f"for {key}")
+            strings[key] = cursor.parse_string(f"for {key}")
         elif key in _METADATA_INT_KEYS:
             value = cursor.parse_int(f"for {key}")
             if key != "source_end_column":
-                fields[key] = value
+                ints[key] = value
         else:
             cursor.skip_balanced()  # kept in .text only
         if cursor.pos == key_pos:  # pragma: no cover - defensive
             raise cursor.error("metadata parser made no progress")
     return OpMetadata(
-        op_type=fields.get("op_type"),  # type: ignore[arg-type]
-        op_name=fields.get("op_name"),  # type: ignore[arg-type]
-        source_file=fields.get("source_file"),  # type: ignore[arg-type]
-        source_line=fields.get("source_line"),  # type: ignore[arg-type]
-        source_end_line=fields.get("source_end_line"),  # type: ignore[arg-type]
-        source_column=fields.get("source_column"),  # type: ignore[arg-type]
-        stack_frame_id=fields.get("stack_frame_id"),  # type: ignore[arg-type]
+        op_type=strings.get("op_type"),
+        op_name=strings.get("op_name"),
+        source_file=strings.get("source_file"),
+        source_line=ints.get("source_line"),
+        source_end_line=ints.get("source_end_line"),
+        source_column=ints.get("source_column"),
+        stack_frame_id=ints.get("stack_frame_id"),
         text=cursor.text[start : cursor.pos],
     )
 

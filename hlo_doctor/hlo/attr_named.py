@@ -278,12 +278,12 @@ def _lower_named(named: NamedMesh, metadata: tuple[OpMetadata, ...]) -> Sharding
     data_tiles = math.prod(tile_dims[: len(dim_factors)])
     if data_tiles == 1 and len(set(subgroups)) <= 1:
         only = subgroups[0] if subgroups else SubgroupType.REPLICATED
-        kind = {
+        lowered = {
             SubgroupType.REPLICATED: ShardingKind.REPLICATED,
             SubgroupType.MANUAL: ShardingKind.MANUAL,
             SubgroupType.UNREDUCED: ShardingKind.UNREDUCED,
         }[only]
-        return Sharding(kind, metadata=metadata, named=named)
+        return Sharding(lowered, metadata=metadata, named=named)
 
     if named.device_ids is None and named.device_iota is None:
         identity = tuple(range(len(sizes)))

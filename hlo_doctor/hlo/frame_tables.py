@@ -55,8 +55,8 @@ class FrameTableReader(Scanner):
             # table never has a self-parent, so this marks the convention.
             stack_frames = {key: (location, parent - 1) for key, (location, parent) in stack_frames.items()}
         self.frame_tables = self.origin.frame_tables = StackFrameTables(
-            file_names=tables.get("FileNames", {}),  # type: ignore[arg-type]
-            function_names=tables.get("FunctionNames", {}),  # type: ignore[arg-type]
+            file_names=_strings(tables.get("FileNames", {})),
+            function_names=_strings(tables.get("FunctionNames", {})),
             file_locations=file_locations,
             stack_frames=stack_frames,
         )
@@ -74,3 +74,8 @@ class FrameTableReader(Scanner):
                 rows[int(m.group(1))] = unescape(value[1:-1])
             else:
                 rows[int(m.group(1))] = {k: int(v) for k, v in _TABLE_FIELD.findall(value)}
+
+
+def _strings(rows: dict[int, object]) -> dict[int, str]:
+    """The rows of a table of names (a row that is not a quoted name is dropped)."""
+    return {key: value for key, value in rows.items() if isinstance(value, str)}

@@ -192,9 +192,11 @@ class Instruction:
     @property
     def called_computations(self) -> tuple[str, ...]:
         """Names of the computations this instruction calls, in attribute order."""
-        if self.called is None:
-            object.__setattr__(self, "called", called_computation_names(self.attributes))  # memoize
-        return self.called  # type: ignore[return-value]
+        called = self.called
+        if called is None:
+            called = called_computation_names(self.attributes)
+            object.__setattr__(self, "called", called)  # memoize
+        return called
 
     def attribute(self, key: str) -> str | None:
         """The raw text of attribute ``key``, or None."""

@@ -29,7 +29,7 @@ from hlo_doctor.hlo.ir import (
     StackFrameTables,
     called_computation_names,
 )
-from hlo_doctor.hlo.lexer import NAME, SPACE, unescape
+from hlo_doctor.hlo.lexer import NAME, SPACE_MATCH, unescape
 from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
 from hlo_doctor.hlo.scope import LITERAL_OPCODES, _Scope, infer_shape, make_computation
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
@@ -162,9 +162,9 @@ class Parser(FrameTableReader):
         scope = _Scope()
         text = self.text
         while True:
-            self.pos = SPACE.match(text, self.pos).end()
+            self.pos = SPACE_MATCH(text, self.pos).end()
             self.parse_fast_instructions(scope)
-            self.pos = SPACE.match(text, self.pos).end()
+            self.pos = SPACE_MATCH(text, self.pos).end()
             c = text[self.pos : self.pos + 1]
             if c == "}":
                 self.pos += 1
@@ -212,9 +212,9 @@ class Parser(FrameTableReader):
             raise self.error(f"instruction '{name}' is already defined in this computation", start)
         self.expect("=", f" after instruction name '{name}'")
         self.skip_space()
-        shape_text = None
+        shape_span: tuple[int, int] | None = None
         if self.at_shape():
-            shape_text = self.scan_shape_text()
+            shape_span = self.scan_shape_text()
         self.skip_space()
         m = _OPCODE.match(self.text, self.pos)
         if m is None:
@@ -231,7 +231,7 @@ class Parser(FrameTableReader):
             operands = self.parse_operands(scope)
         attributes = self.parse_attributes(scope, owner=name)
         return self.add_instruction(
-            scope, name, opcode, opcode_offset, shape_text, operands, attributes, literal, is_root, start
+            scope, name, opcode, opcode_offset, shape_span, operands, attributes, literal, is_root, start
         )
 
     def parse_fast_instructions(self, scope: _Scope) -> None:
@@ -300,14 +300,14 @@ class Parser(FrameTableReader):
         name: str,
         opcode: str,
         opcode_offset: int,
-        shape_text: str | None,
+        shape_span: tuple[int, int] | None,
         operands: tuple[str, ...],
         attributes: list[tuple[str, str]],
         literal: str | None,
         is_root: bool,
         start: int,
     ) -> str:
-        shape = self.interpret_shape(shape_text) if shape_text is not None else None
+        shape = self.interpret_shape(shape_span) if shape_span is not None else None
         printed_opcode = None
         if opcode not in OPCODES:
             opcode, printed_opcode = self.desugar_async(opcode, opcode_offset)
@@ -399,21 +399,23 @@ class Parser(FrameTableReader):
         scope.async_starts[name] = (wrapped_name,)
         return (wrapped_name,)
 
-    def interpret_shape(self, shape_text: tuple[int, int] | str) -> Shape:
-        start, end = shape_text  # type: ignore[misc]
+    def interpret_shape(self, span: tuple[int, int]) -> Shape:
+        """The shape whose text is ``self.text[start:end]`` for ``span`` = (start, end)."""
+        start, end = span
         try:
             return shape_from_text(self.text[start:end])
         except ShapeSyntaxError as error:
             raise self.error(error.message, start + error.offset) from None
 
-    def scan_shape_text(self) -> tuple[int, int]:  # type: ignore[override]
+    def scan_shape_text(self) -> tuple[int, int]:
+        """Skip the shape at ``self.pos``; its (start, end) span."""
         start = self.pos
         try:
             end = scan_shape(self.text, start)
         except ShapeSyntaxError as error:
             raise self.error(error.message, error.offset) from None
         self.pos = end
-        return (start, end)  # type: ignore[return-value]
+        return (start, end)
 
     def parse_shape(self) -> Shape:
         self.skip_space()
@@ -447,13 +449,13 @@ class Parser(FrameTableReader):
     def parse_operand(self, scope: _Scope) -> str:
         self.skip_space()
         start = self.pos
-        shape_text = None
+        shape_span: tuple[int, int] | None = None
         if self.at_shape():
-            shape_text = self.scan_shape_text()
+            shape_span = self.scan_shape_text()
             self.skip_space()
             if self.text.startswith(",", self.pos):
                 # XLA also accepts `f32[], %x`: a shape, a comma, then the name.
-                after = SPACE.match(self.text, self.pos + 1).end()
+                after = SPACE_MATCH(self.text, self.pos + 1).end()
                 if not self.at_shape(after) and NAME.match(self.text, after):
                     self.pos = after
         m = _OPCODE.match(self.text, self.pos)
@@ -471,7 +473,7 @@ class Parser(FrameTableReader):
             self._synthetic += 1
             name = f"{opcode}.nested.{self._synthetic}"
             return self.add_instruction(
-                scope, name, opcode, opcode_offset, shape_text, operands, [], literal, False, start
+                scope, name, opcode, opcode_offset, shape_span, operands, [], literal, False, start
             )
         m = NAME.match(self.text, self.pos)
         if m is None:
@@ -512,7 +514,7 @@ class Parser(FrameTableReader):
     def is_inline_body(self) -> bool:
         if not self.text.startswith("{", self.pos):
             return False
-        i = SPACE.match(self.text, self.pos + 1).end()
+        i = SPACE_MATCH(self.text, self.pos + 1).end()
         return re.match(r"(?:ROOT\s+)?%?[\w.\-]+\s*=", self.text[i : i + 200]) is not None
 
     def parse_inline_computation(self, owner: str, key: str) -> str:

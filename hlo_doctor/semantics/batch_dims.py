@@ -406,10 +406,11 @@ class _Transfer:
         return found
 
     def dim_maps(self, node: int, instruction: Instruction) -> tuple[tuple[int, ...], ...] | None:
-        found = self.maps.get(node, _MISSING)
-        if found is _MISSING:
+        try:
+            return self.maps[node]
+        except KeyError:
             found = self.maps[node] = self._dim_maps(instruction, self.operand_ids[node])
-        return found  # type: ignore[return-value]
+            return found
 
     def _dim_maps(self, instruction: Instruction, sources: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
         """Per operand (one; two for a dot), where each of its dims goes in the output (-1: nowhere)."""
@@ -568,7 +569,7 @@ def _major_to_minor(shape: Shape) -> tuple[int, ...] | None:
 
 def _reshape_groups(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
     """The smallest runs of input and output dims with equal element counts."""
-    groups = []
+    groups: list[tuple[list[int], list[int]]] = []
     i = j = 0
     while i < len(before) and j < len(after):
         gi, gj = [i], [j]

@@ -154,8 +154,9 @@ def _computation_flops(module: HloModule, name: str, memo: dict[str, float]) -> 
     memo[name] = 0.0  # a cycle counts nothing
     computation = module.computation(name)
     total = 0.0
-    for inner in computation.instructions if computation is not None else ():
-        total += matmul_flops(inner, computation, module, memo)
+    if computation is not None:
+        for inner in computation.instructions:
+            total += matmul_flops(inner, computation, module, memo)
     memo[name] = total
     return total
 
@@ -165,7 +166,9 @@ def matmul_element_type(instruction: Instruction, computation: Computation, modu
     if instruction.opcode == "fusion" and module is not None:
         for name in instruction.called_computations:
             called = module.computation(name)
-            for inner in called.instructions if called is not None else ():
+            if called is None:
+                continue
+            for inner in called.instructions:
                 if inner.opcode in ("dot", "convolution", "custom-call", "fusion"):
                     found = matmul_element_type(inner, called, module)
                     if found:

@@ -402,8 +402,8 @@ def assign_roles(
 
 
 def _phases(graph: DataflowGraph, params: EntryParameters, judged) -> list[str]:
-    gradient_results = [graph.id_of(f.result_key) for f, main, _ in judged if main.role == "gradient-reduce"]
-    gradient_results = [n for n in gradient_results if n is not None]
+    gradient_ids = [graph.id_of(f.result_key) for f, main, _ in judged if main.role == "gradient-reduce"]
+    gradient_results = [n for n in gradient_ids if n is not None]
     optimizer = graph.reach_ids(gradient_results, forward=True) - set(gradient_results) if gradient_results else set()
     losses = _loss_nodes(graph, params)
     forward = graph.reach_ids(losses, forward=False) if losses else None
@@ -431,7 +431,7 @@ def _loss_nodes(graph: DataflowGraph, params: EntryParameters) -> list[int]:
     """The step's float scalar outputs derived from the data (its loss)."""
     entry = graph.module.entry
     root = entry.root if entry is not None else None
-    if root is None:
+    if entry is None or root is None:
         return []
     names = root.operands if root.opcode == "tuple" else (root.name,)
     local = graph.computation_ids(entry.name)
