@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -30,10 +31,8 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
         raise InputError(f"{path}: {error.strerror or error}") from None
     finally:
         if temporary is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(temporary)
-            except OSError:
-                pass
 
 
 def _umask() -> int:

@@ -456,8 +456,8 @@ def test_a_missing_extra_stops_the_run_before_the_child_starts(monkeypatch, tmp_
     from click.testing import CliRunner
 
     import hlo_doctor.cli.run as runner_cli
-    import hlo_doctor.runner.extras as extras
     from hlo_doctor.cli import main
+    from hlo_doctor.runner import extras
 
     monkeypatch.setattr(extras, "_found_here", lambda name: name not in ("torch_xla",))
 

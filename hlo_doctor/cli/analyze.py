@@ -72,4 +72,4 @@ def rules_command(rule_id, strict_plugins):
             for spec in (registry.rules[i] for i in registry.ids())]
     widths = [max((len(r[c]) for r in rows), default=0) for c in range(3)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3])
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=False)) + "  " + row[3])

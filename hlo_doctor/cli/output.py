@@ -9,6 +9,7 @@ any file the dump names.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Iterator
@@ -57,10 +58,8 @@ def failures_as_json(dump: str, out: OutputOptions) -> Iterator[None]:
         yield
     except (InputError, ParseError) as error:
         if out.output_format == "json":
-            try:
+            with contextlib.suppress(InputError):  # -o cannot be written: the line below says why the run failed
                 emit(failure_document(dump, str(error)), out.output)
-            except InputError:
-                pass  # -o cannot be written: the one line below says why the run failed
         fail(error)
 
 

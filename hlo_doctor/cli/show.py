@@ -370,7 +370,7 @@ def split_cells(instruction) -> list[dict]:
     out = []
     for index in sorted(cells):
         ranges = []
-        for size, t, i in zip(dims, tiles, index):
+        for size, t, i in zip(dims, tiles, index, strict=False):
             step = -(-size // t)
             ranges.append(f"{i * step}:{min(size, (i + 1) * step)}")
         out.append({"slice": ranges, "devices": cells[index]})

@@ -226,7 +226,7 @@ def _pair_compile_dirs(
     for name, dirs in compile_dirs.items():
         modules = [key for key in keys if key[1] == name]
         if len(modules) == len(dirs):
-            for key, (_, path) in zip(modules, sorted(dirs)):
+            for key, (_, path) in zip(modules, sorted(dirs), strict=False):
                 if (path / "compile_options.pb").is_file() or (path / "module.mlir").is_file():
                     out[key] = path
     return out

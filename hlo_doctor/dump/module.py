@@ -322,7 +322,7 @@ class Dump:
         """A module by id, by name, or by ``module_NNNN.NAME``; the last match by name."""
         found = None
         for module in self.modules:
-            if key == module.id or key == module.name or key == module.key:
+            if key in (module.id, module.name, module.key):
                 found = module
         return found
 

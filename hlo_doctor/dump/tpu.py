@@ -98,7 +98,7 @@ class TpuTopology:
             cores = -(-(max(local) + 1) // self.chips)
             if cores > 2 or (cores == 2 and (max(local) + 1) <= self.chips):
                 return None
-            for device, local_id in zip(members, local):
+            for device, local_id in zip(members, local, strict=False):
                 out[device] = rank * self.hosts + self.host_of_chip(local_id // cores)
         return out
 

@@ -245,7 +245,7 @@ def _findings_only_in(
     mine = [f for f in report.findings if f.module == module.key]
     theirs = [f for f in other.findings if other_module is not None and f.module == other_module.key]
     known = set(occurrence_fingerprints(theirs))
-    return tuple(f for f, print_ in zip(mine, occurrence_fingerprints(mine)) if print_ not in known)
+    return tuple(f for f, print_ in zip(mine, occurrence_fingerprints(mine), strict=False) if print_ not in known)
 
 
 def _parameter_changes(before: DumpModule | None, after: DumpModule | None) -> tuple[ParameterChange, ...]:

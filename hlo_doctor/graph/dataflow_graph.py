@@ -87,7 +87,7 @@ class DataflowGraph:
         """Node id -> key (made on first use)."""
         keys: list[NodeKey] = []
         instruction_at = self.instruction_at
-        for (first, name), end in zip(self._spans, self._span_ends):
+        for (first, name), end in zip(self._spans, self._span_ends, strict=False):
             keys.extend([(name, instruction.name) for instruction in instruction_at[first:end]])
         return keys
 
@@ -106,7 +106,7 @@ class DataflowGraph:
 
     @cached_property
     def _ranges(self) -> dict[str, range]:
-        return {name: range(first, end) for (first, name), end in zip(self._spans, self._span_ends)}
+        return {name: range(first, end) for (first, name), end in zip(self._spans, self._span_ends, strict=False)}
 
     def computation_ids(self, computation: str) -> dict[str, int]:
         """Instruction name -> node id, for one computation (empty when unknown)."""

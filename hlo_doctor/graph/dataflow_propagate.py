@@ -43,7 +43,7 @@ def _flatten(value) -> int:
 
 def _join(a, b):
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return tuple(_join(x, y) for x, y in zip(a, b))
+        return tuple(_join(x, y) for x, y in zip(a, b, strict=False))
     if a == 0:
         return b
     if b == 0:

@@ -85,7 +85,7 @@ def _dot_dims(lb_text: str | None, rb_text: str | None, lc_text: str | None, rc_
     rf = tuple(d for d in range(rhs_rank) if d not in rb and d not in rc)
     lhs: dict[int, DimRole] = {}
     rhs: dict[int, DimRole] = {}
-    for i, (l, r) in enumerate(zip(lb, rb)):
+    for i, (l, r) in enumerate(zip(lb, rb, strict=False)):
         lhs[l] = DimRole(0, l, "batch", i)
         rhs[r] = DimRole(1, r, "batch", i)
     for l in lc:

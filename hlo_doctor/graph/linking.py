@@ -136,7 +136,7 @@ def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
                 continue
             called_b = ib.called_computations if ib.raw_attributes else ()
             called_a = ia.called_computations if ia.raw_attributes else ()
-            for na, nb in zip(called_a, called_b):
+            for na, nb in zip(called_a, called_b, strict=False):
                 if na in a_comps and nb in b_comps and nb not in seen:
                     queue.append((a_comps[na], b_comps[nb]))
     _attribute_inserted(link)
@@ -315,7 +315,7 @@ def _attribute_inserted(link: SnapshotLink) -> None:
                 users[operand].append(ib.name)
         ca_name = b_to_a_comp.get(cb.name)
 
-        def matched_users(name: str) -> set[NodeKey]:
+        def matched_users(name: str, users: dict[str, list[str]] = users, cb: Computation = cb) -> set[NodeKey]:
             out: set[NodeKey] = set()
             seen = {name}
             frontier = [name]

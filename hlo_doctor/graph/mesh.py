@@ -69,12 +69,12 @@ class Mesh:
             raise ShardingError("one size per axis name")
         if math.prod(self.axis_sizes) != len(self.device_ids):
             raise ShardingError(
-                f"mesh {dict(zip(self.axis_names, self.axis_sizes))} needs "
+                f"mesh {dict(zip(self.axis_names, self.axis_sizes, strict=False))} needs "
                 f"{math.prod(self.axis_sizes)} devices, got {len(self.device_ids)}"
             )
         strides = _strides(self.axis_sizes)
         coords = {
-            device: tuple(i // s % n for s, n in zip(strides, self.axis_sizes))
+            device: tuple(i // s % n for s, n in zip(strides, self.axis_sizes, strict=False))
             for i, device in enumerate(self.device_ids)
         }
         if len(coords) != len(self.device_ids):
@@ -92,7 +92,7 @@ class Mesh:
 
     @property
     def shape(self) -> dict[str, int]:
-        return dict(zip(self.axis_names, self.axis_sizes))
+        return dict(zip(self.axis_names, self.axis_sizes, strict=False))
 
     def axis_size(self, axis: str) -> int:
         """The size of an axis, or of a sub-axis written ``name:(pre)size``."""
@@ -107,7 +107,7 @@ class Mesh:
 
     def axes_for(self, shards: int) -> tuple[str, ...] | None:
         """Mesh axes whose sizes multiply to ``shards``: one axis if possible, else a run of adjacent axes."""
-        for name, size in zip(self.axis_names, self.axis_sizes):
+        for name, size in zip(self.axis_names, self.axis_sizes, strict=False):
             if size == shards:
                 return (name,)
         for start in range(len(self.axis_sizes)):
@@ -172,10 +172,10 @@ class Mesh:
         ca, cb = self.coords(a), self.coords(b)
         if ca is None or cb is None:
             return None
-        return tuple(n for n, x, y in zip(self.axis_names, ca, cb) if x != y)
+        return tuple(n for n, x, y in zip(self.axis_names, ca, cb, strict=False) if x != y)
 
     def __str__(self) -> str:
-        axes = ",".join(f"'{n}'={s}" for n, s in zip(self.axis_names, self.axis_sizes))
+        axes = ",".join(f"'{n}'={s}" for n, s in zip(self.axis_names, self.axis_sizes, strict=False))
         return f"mesh[{axes}]"
 
     def describe(self) -> str:
@@ -194,7 +194,7 @@ class Mesh:
             c = self.coords(device)
             if c is None:
                 return None
-            out.append(tuple(x - y for x, y in zip(c, base)))
+            out.append(tuple(x - y for x, y in zip(c, base, strict=False)))
         return tuple(out)
 
     def _walk(self, seq: Sequence[int]) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...]] | None:

@@ -88,13 +88,13 @@ def replication_factor(sharding: Sharding, num_devices: int) -> int:
     dims = sharding.tile_assignment.dims
     types = subgroup_types(sharding)
     sub_dims = dims[len(dims) - len(types) :]
-    return math.prod(d for d, t in zip(sub_dims, types) if t is SubgroupType.REPLICATED)
+    return math.prod(d for d, t in zip(sub_dims, types, strict=False) if t is SubgroupType.REPLICATED)
 
 
 def shard_shape(sharding: Sharding, dims: tuple[int, ...]) -> tuple[int, ...]:
     """The per-device shard dims: each dim divided by its tiles, rounded up."""
     tiles = tiles_per_dim(sharding, len(dims))
-    return tuple(-(-d // t) if d >= 0 else d for d, t in zip(dims, tiles))
+    return tuple(-(-d // t) if d >= 0 else d for d, t in zip(dims, tiles, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,7 @@ class ShardingLayout:
     @property
     def padded_elements(self) -> int:
         """Elements of padding in the whole padded value."""
-        padded = math.prod(s * t for s, t in zip(self.shard_dims, self.tiles_per_dim))
+        padded = math.prod(s * t for s, t in zip(self.shard_dims, self.tiles_per_dim, strict=False))
         return padded - self.shape.num_elements
 
     @property
@@ -171,7 +171,7 @@ def layout(sharding: Sharding, shape: Shape, num_devices: int) -> ShardingLayout
     dims = shape.dims
     tiles = tiles_per_dim(sharding, len(dims))
     shard = shard_shape(sharding, dims)
-    padding = tuple(s * t - d if d >= 0 else 0 for s, t, d in zip(shard, tiles, dims))
+    padding = tuple(s * t - d if d >= 0 else 0 for s, t, d in zip(shard, tiles, dims, strict=False))
     bits = ELEMENT_BITS.get(shape.element_type, 0)
     elements = math.prod(max(d, 0) for d in shard)
     return ShardingLayout(
@@ -201,7 +201,7 @@ def layouts(sharding: Sharding, shape: Shape, num_devices: int) -> tuple[Shardin
         raise ShardingError(
             f"tuple sharding has {len(elements)} elements but the shape has {len(leaves)} leaves"
         )
-    return tuple(layout(s, leaf, num_devices) for s, leaf in zip(elements, leaves))
+    return tuple(layout(s, leaf, num_devices) for s, leaf in zip(elements, leaves, strict=False))
 
 
 def _flatten(sharding: Sharding) -> Iterator[Sharding]:
@@ -225,8 +225,7 @@ def _tile_array(sharding: Sharding) -> Iterator[tuple[tuple[int, ...], int]]:
     assignment = sharding.tile_assignment
     assert assignment is not None
     devices = assignment.device_ids()
-    for index, device in zip(product(*(range(d) for d in assignment.dims)), devices):
-        yield index, device
+    yield from zip(product(*(range(d) for d in assignment.dims)), devices, strict=False)
 
 
 def device_tile_indices(

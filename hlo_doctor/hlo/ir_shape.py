@@ -87,6 +87,6 @@ class Shape:
             return f"{self.element_type}[]"
         dims = ",".join(
             (f"<={d}" if dyn else str(d)) if d >= 0 else "?"
-            for d, dyn in zip(self.dims, self.dynamic or (False,) * len(self.dims))
+            for d, dyn in zip(self.dims, self.dynamic or (False,) * len(self.dims), strict=False)
         )
         return f"{self.element_type}[{dims}]"

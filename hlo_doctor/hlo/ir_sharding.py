@@ -47,7 +47,7 @@ class IotaDevices:
         out_dims = [dims[p] for p in perm]
         out_strides = [strides[p] for p in perm]
         ids = [0]
-        for size, stride in zip(out_dims, out_strides):
+        for size, stride in zip(out_dims, out_strides, strict=False):
             ids = [base + i * stride for base in ids for i in range(size)]
         assert len(ids) == count
         return tuple(ids)
@@ -185,14 +185,14 @@ def split_mesh_axes(
     starts: list[dict[int, int]] = []  # per axis: lower bound -> factor index
     for i in range(len(axes)):
         cuts = sorted(bounds[i])
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in zip(cuts, cuts[1:], strict=False):
             if b % a:
                 raise ShardingError(f"sub-axes of '{axes[i].name}' do not nest")
         starts.append({a: len(sizes) + k for k, a in enumerate(cuts[:-1])})
-        sizes.extend(b // a for a, b in zip(cuts, cuts[1:]))
+        sizes.extend(b // a for a, b in zip(cuts, cuts[1:], strict=False))
     covered: list[tuple[int, ...]] = []
     used: set[int] = set()
-    for ref, (i, lo, hi) in zip(refs, spans):
+    for ref, (i, lo, hi) in zip(refs, spans, strict=False):
         cuts = sorted(c for c in bounds[i] if lo <= c < hi)
         factors = tuple(starts[i][c] for c in cuts)
         if used.intersection(factors):

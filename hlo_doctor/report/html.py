@@ -13,6 +13,7 @@ rest. Everything taken from the dump is escaped (:func:`html_text`).
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -244,10 +245,8 @@ def _device_shape(instruction, per_device: bool) -> str:
     dims = shape.dims
     sharding = instruction.sharding
     if not per_device and sharding is not None and not sharding.is_tuple:
-        try:
+        with contextlib.suppress(ValueError):
             dims = shard_shape(sharding, dims)
-        except ValueError:
-            pass
     return f"{shape.element_type}[{','.join(map(str, dims))}]"
 
 
@@ -274,7 +273,7 @@ def _neighbourhood(graph, focus) -> Iterator[tuple]:
 def _dataflow_picture(finding: Finding, ctx: RuleContext) -> str | None:
     if not finding.instruction:
         return None
-    for graph, per_device in _graphs_for(finding, ctx):
+    for graph, per_device in _graphs_for(finding, ctx):  # noqa: B007 - the pair the loop breaks at is used below
         keys = graph.find(finding.instruction)
         if keys:
             break
@@ -311,7 +310,7 @@ def _mesh_picture(finding: Finding, ctx: RuleContext) -> str | None:
     if mesh is not None:
         logical_ids = list(mesh.device_ids)
         shape = grid_shape(mesh.axis_sizes)
-        axes = " x ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.axis_sizes))
+        axes = " x ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.axis_sizes, strict=False))
     else:
         logical_ids = list(range(ctx.num_partitions or 1))
         shape = (1, len(logical_ids))

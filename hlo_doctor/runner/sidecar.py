@@ -37,6 +37,7 @@ Stacks list user frames only, innermost first: ``{"file", "line", "function"}``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -68,10 +69,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 def installed_versions(framework: str) -> dict[str, str]:
     versions = {"python": sys.version.split()[0]}
     for name in ("hlo-doctor", *_VERSIONED.get(framework, ())):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name.replace("-", "_")] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return versions
 
 

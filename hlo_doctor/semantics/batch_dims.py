@@ -84,7 +84,7 @@ def _flatten(value) -> Pairs:
 
 def _join(a, b):
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return tuple(_join(x, y) for x, y in zip(a, b))
+        return tuple(_join(x, y) for x, y in zip(a, b, strict=False))
     if a == _EMPTY:
         return b
     if b == _EMPTY:
@@ -276,7 +276,7 @@ def _batch_inputs(graph: DataflowGraph, values: list, touched: list[int], candid
         if instruction.opcode not in _DOTS or len(instruction.operands) < 2:
             continue
         lhs, rhs = graph.operand_ids[node][:2]
-        if lhs == NO_NODE or rhs == NO_NODE:
+        if NO_NODE in (lhs, rhs):
             continue
         lhs_value = values[lhs]
         if not isinstance(lhs_value, frozenset) or not lhs_value:

@@ -114,7 +114,7 @@ def _convolution_flops(instruction: Instruction, computation: Computation) -> fl
     window = _window(instruction.attribute("window"))
     sizes = window.get("size") or spatial
     dilation = window.get("lhs_dilate") or [1] * len(sizes)
-    taps = math.prod(-(-size // max(dilate, 1)) for size, dilate in zip(sizes, dilation))
+    taps = math.prod(-(-size // max(dilate, 1)) for size, dilate in zip(sizes, dilation, strict=False))
     return 2.0 * result.num_elements * input_features * taps
 
 

@@ -397,7 +397,7 @@ def assign_roles(
     phases = _phases(graph, params, judged)
     return tuple(
         CollectiveRole(facts, main.role, phase, main.parameters, main.reason, operands)
-        for (facts, main, operands), phase in zip(judged, phases)
+        for (facts, main, operands), phase in zip(judged, phases, strict=False)
     )
 
 
