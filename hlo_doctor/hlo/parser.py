@@ -16,7 +16,7 @@ import re
 
 from hlo_doctor._gc import paused_gc
 from hlo_doctor.hlo import fast_path  # the submodule (hlo/__init__ is not imported for it)
-from hlo_doctor.hlo.frame_tables import FrameTableReader
+from hlo_doctor.hlo.async_sugar import _ASYNC_WRAPPER_KEYS, AsyncSugarReader
 from hlo_doctor.hlo.ir import (
     CALLED_COMPUTATION_KEYS,
     ELEMENT_BITS,
@@ -30,7 +30,7 @@ from hlo_doctor.hlo.ir import (
     called_computation_names,
 )
 from hlo_doctor.hlo.lexer import NAME, SPACE_MATCH, unescape
-from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
+from hlo_doctor.hlo.opcodes import OPCODES
 from hlo_doctor.hlo.scope import LITERAL_OPCODES, _Scope, infer_shape, make_computation
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 
@@ -38,7 +38,7 @@ _ATTR_KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
 _ARRAY_START = re.compile(r"([a-z][a-z0-9]*)\s*\[|(b)\(")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
 
-class Parser(FrameTableReader):
+class Parser(AsyncSugarReader):
     """A single-use parser over one module's text."""
 
     def __init__(self, text: str, path: str | None = None) -> None:
@@ -333,72 +333,6 @@ class Parser(FrameTableReader):
         scope.add(instruction)
         return name
 
-    def desugar_async(self, opcode: str, offset: int) -> tuple[str, str]:
-        for suffix, async_opcode in ASYNC_SUFFIXES:
-            wrapped = opcode[: -len(suffix)]
-            if opcode.endswith(suffix) and wrapped in OPCODES and wrapped not in DEDICATED_ASYNC:
-                return async_opcode, opcode
-        raise self.error(f"unknown opcode '{opcode}'", offset)
-
-    def wrap_async(
-        self,
-        scope: _Scope,
-        name: str,
-        opcode: str,
-        printed_opcode: str,
-        shape: Shape,
-        operands: tuple[str, ...],
-        attributes: list[tuple[str, str]],
-        called: tuple[str, ...],
-    ) -> tuple[str, ...]:
-        """Sugared ``<op>-start``: build the wrapped computation XLA would build."""
-        if opcode != "async-start":
-            # -update / -done continue the chain of their operand.
-            for operand in operands:
-                if operand in scope.async_starts:
-                    scope.async_starts[name] = scope.async_starts[operand]
-                    return scope.async_starts[operand]
-            return called
-        wrapped_opcode = printed_opcode[: -len("-start")]
-        inner = _Scope()
-        params = []
-        for index, operand in enumerate(operands):
-            param_name = f"{name}.async_param.{index}"
-            operand_shape = scope.shape_of(operand)
-            inner.add(
-                Instruction(
-                    name=param_name,
-                    opcode="parameter",
-                    shape=operand_shape,
-                    operands=(),
-                    offset=self.pos,
-                    origin=self.origin,
-                    literal=str(index),
-                )
-            )
-            params.append(param_name)
-        result_shape = shape.tuple_shapes[1] if shape.is_tuple and len(shape.tuple_shapes) > 1 else shape
-        inner_attributes = [(k, v) for k, v in attributes if k not in _ASYNC_WRAPPER_KEYS]
-        inner.add(
-            Instruction(
-                name=f"{name}.async_op",
-                opcode=wrapped_opcode,
-                shape=result_shape,
-                operands=tuple(params),
-                offset=self.pos,
-                origin=self.origin,
-                is_root=True,
-                raw_attributes=tuple(inner_attributes),
-                called=called,
-            )
-        )
-        wrapped_name = self.synthetic_computation_name(f"{name}.async_wrapped")
-        self.computations.append(
-            make_computation(wrapped_name, inner, self.position(self.pos), False, (), None)
-        )
-        scope.async_starts[name] = (wrapped_name,)
-        return (wrapped_name,)
-
     def interpret_shape(self, span: tuple[int, int]) -> Shape:
         """The shape whose text is ``self.text[start:end]`` for ``span`` = (start, end)."""
         start, end = span
@@ -523,9 +457,6 @@ class Parser(FrameTableReader):
         name = self.synthetic_computation_name(f"{owner}.{key}.{self._synthetic}")
         self.parse_computation_body(name, start, False, [])
         return name
-
-_ASYNC_WRAPPER_KEYS = frozenset({"async_execution_thread", "async_group_id", "metadata", "backend_config"})
-
 
 def parse_header(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The name and attributes of a module's header line, read as :func:`parse_module` reads
