@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from hlo_doctor._version import __version__
 
 __all__ = ["__version__", "analyze_dump", "analyze_jax"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("analyze_dump", "analyze_jax"):
+        # Imported on first use, so that ``import hlo_doctor`` (and reading __version__) stays cheap.
         from hlo_doctor import api
 
         return getattr(api, name)

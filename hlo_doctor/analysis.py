@@ -11,13 +11,12 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from hlo_doctor import __version__
 from hlo_doctor._gc import paused_gc
 from hlo_doctor.dump import Dump, load_dump
 from hlo_doctor.errors import InputError, one_line
+from hlo_doctor.findings import ModuleSummary, Report, ReportError
 from hlo_doctor.rules import (
     AnalysisOptions,
     Finding,
@@ -26,62 +25,13 @@ from hlo_doctor.rules import (
     discover,
     select_rules,
 )
-from hlo_doctor.rules.hardware import HardwareProfile, load_profile
 from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
+from hlo_doctor.semantics.hardware import HardwareProfile, load_profile
 
-__all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]
+__all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]  # the records live in hlo_doctor.findings
 
 Progress = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class ReportError:
-    """Something that could not be analyzed: a file, a module or a plugin; one line."""
-
-    path: str
-    message: str
-    module: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleSummary:
-    id: int | None
-    name: str
-    key: str
-    partitioner: str
-    num_partitions: int | None
-    snapshots: tuple[str, ...]
-    errors: tuple[str, ...] = ()
-    collectives: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
-    """kind -> (count, bytes of data per device per step)"""
-    framework: str | None = None
-    """``jax``, ``torch_xla`` or None when the dump does not say"""
-
-
-@dataclass
-class Report:
-    """What :func:`analyze_dump` found. Formats in :mod:`hlo_doctor.report` render it."""
-
-    dump: str
-    modules: tuple[ModuleSummary, ...]
-    findings: tuple[Finding, ...]
-    errors: tuple[ReportError, ...] = ()
-    skipped: tuple[Skip, ...] = ()
-    rules: tuple[str, ...] = ()
-    hardware: str | None = None
-    tool_version: str = __version__
-    verbose: bool = False
-    devices_per_host: int | None = None
-    program: str | None = None
-    """the runner's program (the script it ran), when the dump has its record"""
-    baselined: tuple[Finding, ...] | None = None
-    """findings a baseline accepted, left out of ``findings`` (None: no baseline was applied)"""
-
-    def __str__(self) -> str:
-        from hlo_doctor.report.text import render_text
-
-        return render_text(self, color=False, width=100).rstrip("\n")
 
 
 def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:

@@ -29,6 +29,12 @@ from typing import Any
 
 from hlo_doctor.analysis import Report, analyze_dump
 from hlo_doctor.errors import InputError
+from hlo_doctor.runner.sidecar import (
+    SCHEMA_VERSION,
+    SIDECAR_NAME,
+    installed_versions,
+)
+from hlo_doctor.runner.targets import TargetError, compile_for_target, parse_target
 
 DUMP_PASSES = "spmd|propagation|shardy-verbose"
 
@@ -103,8 +109,6 @@ def compile_jax_dump(
 
 def _compile_for_target(fn, args, dump_dir, target, devices, partitioner, devices_per_host,
                         compiler_options, jit_kwargs) -> Path:
-    from hlo_doctor.runner.targets import TargetError, compile_for_target, parse_target
-
     try:
         parsed = parse_target(target)
     except TargetError as error:
@@ -230,12 +234,6 @@ def _meshes_of(args: Any) -> list[dict[str, Any]]:
 
 def _write_sidecar(dump: Path, args: Any, partitioner: str, devices_per_host: int | None) -> None:
     import jax
-
-    from hlo_doctor.runner.sidecar import (
-        SCHEMA_VERSION,
-        SIDECAR_NAME,
-        installed_versions,
-    )
 
     meshes = _meshes_of(args)
     record = {

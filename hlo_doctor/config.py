@@ -35,6 +35,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from hlo_doctor.errors import InputError
+from hlo_doctor.semantics.hardware import profile_names
 
 SEVERITIES = ("error", "warning", "info")
 TOP_LEVEL_KEYS = ("select", "ignore", "devices-per-host", "hardware", "ignore-ops", "fail-on", "rules")
@@ -140,7 +141,6 @@ def load_config(
         settings["devices_per_host"] = Setting(value, origin)
     if "hardware" in table:
         value = table["hardware"]
-        from hlo_doctor.rules.hardware import profile_names
 
         _check_choice("hardware", value, tuple(profile_names()), origin)
         settings["hardware"] = Setting(value, origin)

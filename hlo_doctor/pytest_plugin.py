@@ -30,7 +30,10 @@ from typing import Any
 
 import pytest
 
-from hlo_doctor.rules.base import Severity
+from hlo_doctor.findings import Severity
+
+# pytest loads this plugin (an entry point) in every session of an environment that has
+# hlo-doctor installed, so the analysis is imported only when a test asks for it.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

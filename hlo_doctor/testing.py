@@ -48,8 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.errors import ConfigurationError
 from hlo_doctor.rules.base import Finding, Rule
-from hlo_doctor.rules.registry import Registry
+from hlo_doctor.rules.registry import Registry, discover
 
 EXPECTED = "expected_findings.json"
 
@@ -129,12 +131,12 @@ def load_case(folder: str | os.PathLike[str]) -> Case:
         raise TypeError(f"{path}: expected an object with a 'findings' list")
     unknown_keys = set(data) - {"rules", "options", "findings", "note"}
     if unknown_keys:
-        raise ValueError(f"{path}: unknown key {min(unknown_keys)!r} (valid: rules, options, findings, note)")
+        raise ConfigurationError(f"{path}: unknown key {min(unknown_keys)!r} (valid: rules, options, findings, note)")
     expected = []
     for item in data["findings"]:
         unknown = set(item) - {"rule", "instruction", "source_line", "note"}
         if "rule" not in item or unknown:
-            raise ValueError(f"{path}: each finding needs 'rule' (and may have instruction, source_line, note); got {item}")
+            raise ConfigurationError(f"{path}: each finding needs 'rule' (and may have instruction, source_line, note); got {item}")
         expected.append((item["rule"], item.get("instruction"), item.get("source_line")))
     rules = data.get("rules")
     if rules is not None and (not isinstance(rules, list) or not all(isinstance(r, str) for r in rules)):
@@ -144,8 +146,6 @@ def load_case(folder: str | os.PathLike[str]) -> Case:
 
 def builtin_rule_ids(registry: Registry | None = None) -> list[str]:
     """The ids of hlo-doctor's built-in rules (not the installed plugins'), sorted."""
-    from hlo_doctor.rules.registry import discover
-
     return (registry or discover()).builtin_ids()
 
 
@@ -164,8 +164,6 @@ def _selection(rules: RuleChoice | None, registry: Registry | None) -> tuple[Reg
         else:
             raise TypeError(f"rules: expected rule ids or Rule classes, got {rule!r}")
     if classes:
-        from hlo_doctor.rules.registry import discover
-
         base = registry or discover()
         registry = Registry()
         for rule_id in base.ids():
@@ -175,7 +173,7 @@ def _selection(rules: RuleChoice | None, registry: Registry | None) -> tuple[Reg
         for rule in classes:
             error = registry.add(rule, "test", f"{rule.__module__}:{rule.__qualname__}")
             if error is not None:
-                raise ValueError(f"rules: {rule.__qualname__} cannot be registered: {error.message}")
+                raise ConfigurationError(f"rules: {rule.__qualname__} cannot be registered: {error.message}")
     return registry, ids
 
 
@@ -186,8 +184,6 @@ def run_case(
     registry: Registry | None = None,
 ) -> CaseResult:
     """Analyze the case's dump with its rules (see the module docstring) and compare."""
-    from hlo_doctor.analysis import analyze_dump
-
     if not isinstance(case, Case):
         case = load_case(case)
     registry, ids = _selection(rules, registry)

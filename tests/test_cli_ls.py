@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from hlo_doctor.cli import main
+from hlo_doctor.dump import files as files_module
 from hlo_doctor.dump import folder as folder_module
 from tests.test_dump import make_jax_dumps
 
@@ -124,8 +125,8 @@ def test_ls_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         def denied(_path: Path) -> None:
             raise PermissionError(13, "Permission denied")
 
-        monkeypatch.setattr(folder_module, "_check_readable", denied)
-        monkeypatch.setattr(folder_module, "_read_bytes", denied)
+        monkeypatch.setattr(files_module, "_check_readable", denied)
+        monkeypatch.setattr(files_module, "_read_bytes", denied)
     assert_input_error(run_ls(str(path)), "permission denied")
     assert_input_error(run_ls(str(tmp_path)), "permission denied")
 

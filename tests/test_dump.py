@@ -295,7 +295,7 @@ def test_real_gspmd_dump(jax_dumps: dict[str, Path]) -> None:
 
 
 def test_loading_is_lazy(jax_dumps: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    import hlo_doctor.hlo as hlo
+    from hlo_doctor import hlo
 
     calls: list[str | None] = []
     real = hlo.parse_module

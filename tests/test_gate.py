@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from hlo_doctor.cli import main
 from hlo_doctor.rules.hardware import profile_names
+from tests.sarif_schema import SARIF_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
@@ -18,7 +19,6 @@ UNEVEN_BAD = FIXTURES / "uneven-padding" / "jax-shardy-bad"
 UNEVEN_FIXED = FIXTURES / "uneven-padding" / "jax-shardy-fixed"
 SEED_BAD = FIXTURES / "fsdp-activation-gather" / "jax-shardy-bad"
 SEED_FIXED = FIXTURES / "fsdp-activation-gather" / "jax-shardy-fixed"
-SARIF_SCHEMA = ROOT.parent / "shared" / "schemas" / "sarif-2.1.0.json"
 
 
 def run(*args: str):

@@ -12,6 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from hlo_doctor.cli.run import run_command
 from hlo_doctor.dump import FileKind, Role, load_dump, parse_file_name
 from hlo_doctor.dump.options import CompileOptions
 from hlo_doctor.dump.textproto import parse_textproto
@@ -22,7 +23,6 @@ from hlo_doctor.runner import (
     run_script,
     trim_dump,
 )
-from hlo_doctor.runner.cli import run_command
 from hlo_doctor.runner.targets import (
     CONFIG_DIR,
     TARGET_SPECS,

@@ -44,7 +44,7 @@ def test_inventory_rows_have_exactly_the_agreed_keys(report):
 
 
 def test_bars_group_by_the_rows_role(report, monkeypatch):
-    import hlo_doctor.report.html as html
+    from hlo_doctor.report import html
 
     def with_roles(ctx):
         rows = module_inventory(ctx)

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from hlo_doctor.cli import main
+from tests.sarif_schema import SARIF_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "fixtures" / "fsdp-activation-gather" / "jax-shardy-bad"
 # Two findings of two rules with different causes: the padded vocab dim, and the vocab-parallel
 # all-reduces over all 8 devices, which cross hosts of 4.
 TWO_CAUSES = (str(ROOT / "fixtures" / "uneven-padding" / "jax-shardy-bad"), "--devices-per-host", "4")
-SARIF_SCHEMA = ROOT.parent / "shared" / "schemas" / "sarif-2.1.0.json"
 BUILTIN = ("--ignore", "expert-weights-not-expert-sharded")  # a plugin the test venv may have installed
 
 
@@ -67,12 +67,12 @@ def test_text_failure_prints_no_document():
 def test_ctrl_c_exits_130():
     # A real SIGINT, sent to the CLI's own process in the middle of the analysis.
     script = (
-        "import os, signal, time, hlo_doctor.cli_common as c\n"
+        "import os, signal, time, hlo_doctor.cli.common as c\n"
         "def slow(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(5)\n"
         "c.run_analysis = slow\n"
-        "import hlo_doctor.cli_report as r; r.run_analysis = slow\n"
+        "import hlo_doctor.cli.output as r; r.run_analysis = slow\n"
         "from hlo_doctor.cli import main\n"
         "main()\n"
     )
@@ -260,7 +260,7 @@ def test_source_lines_come_only_from_the_project(tmp_path, monkeypatch):
 def test_progress_bar_only_on_a_terminal_and_only_when_slow(monkeypatch, tty, seconds, shown):
     import time
 
-    from hlo_doctor.cli_common import Progress
+    from hlo_doctor.cli.common import Progress
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
     monkeypatch.setattr(Progress, "DELAY", 0.1)

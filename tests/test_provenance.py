@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from hlo_doctor.cli.show import load_context
 from hlo_doctor.dump import load_dump
-from hlo_doctor.graph.cli import load_context
 from hlo_doctor.graph.provenance import explain
 from hlo_doctor.graph.source import user_frame_of
 from tests.conftest import program_line

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from hlo_doctor.cli.run import examples_command, run_command
 from hlo_doctor.examples import EXAMPLES, get_example
 from hlo_doctor.runner import (
     SIDECAR_NAME,
@@ -26,7 +27,6 @@ from hlo_doctor.runner import (
     run_script,
     trim_dump,
 )
-from hlo_doctor.runner.cli import examples_command, run_command
 from hlo_doctor.runner.sidecar import build_sidecar
 
 HAVE_JAX = importlib.util.find_spec("jax") is not None
@@ -455,9 +455,9 @@ def test_torch_xla_end_to_end(tmp_path):
 def test_a_missing_extra_stops_the_run_before_the_child_starts(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
-    import hlo_doctor.runner.cli as runner_cli
-    import hlo_doctor.runner.extras as extras
+    import hlo_doctor.cli.run as runner_cli
     from hlo_doctor.cli import main
+    from hlo_doctor.runner import extras
 
     monkeypatch.setattr(extras, "_found_here", lambda name: name not in ("torch_xla",))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from hlo_doctor.dump import protowire
 from hlo_doctor.dump.textproto import Message
+from hlo_doctor.dump.tpu import chip_of_version, decode_tpu_topology
 
 if TYPE_CHECKING:
     from hlo_doctor.dump.tpu import TpuTopology
@@ -188,14 +189,10 @@ class Topology:
     @property
     def tpu_chip(self) -> str | None:
         """``v4``, ``v5e``, ``v5p``, ``v6e`` from ``platform_version`` (TPU dumps only)."""
-        from hlo_doctor.dump.tpu import chip_of_version
-
         return chip_of_version(self.platform_version) if self.is_tpu else None
 
     def tpu_topology(self) -> TpuTopology | None:
         """The chip grid and host blocks from the encoded ``TpuPjRtTopologyDescriptionProto``."""
-        from hlo_doctor.dump.tpu import decode_tpu_topology
-
         if not self.is_tpu:
             return None
         specific = self.raw.find("platform_specific_topology")

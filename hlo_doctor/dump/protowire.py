@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.errors import HloDoctorError
+
 __all__ = ["Field", "WireError", "fields", "first", "all_of", "packed_varints", "varint", "as_message"]
 
 VARINT = 0
@@ -22,7 +24,7 @@ LENGTH_DELIMITED = 2
 FIXED32 = 5
 
 
-class WireError(ValueError):
+class WireError(HloDoctorError, ValueError):
     """Bytes that are not a protobuf message."""
 
 

@@ -17,10 +17,12 @@ import re
 from collections.abc import Iterator
 from typing import Union
 
+from hlo_doctor.errors import HloDoctorError
+
 Value = Union["Message", str, int, float, bool]
 
 
-class TextprotoError(ValueError):
+class TextprotoError(HloDoctorError, ValueError):
     """Malformed text format, with a 1-based ``line:col``."""
 
     def __init__(self, message: str, line: int, col: int) -> None:
@@ -68,11 +70,14 @@ class Message:
         for key, _ in self.fields:
             counts[key] = counts.get(key, 0) + 1
         out: dict[str, object] = {}
+        repeated: dict[str, list[object]] = {}
         for key, value in self.fields:
             plain = value.to_dict() if isinstance(value, Message) else value
             if counts[key] > 1:
-                out.setdefault(key, [])
-                out[key].append(plain)  # type: ignore[union-attr]
+                if key not in repeated:
+                    repeated[key] = []
+                    out[key] = repeated[key]
+                repeated[key].append(plain)
             else:
                 out[key] = plain
         return out

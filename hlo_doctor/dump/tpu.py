@@ -61,7 +61,8 @@ class TpuTopology:
 
     @property
     def chip_bounds(self) -> tuple[int, int, int]:
-        return tuple(c * h for c, h in zip(self.chips_per_host_bounds, self.host_bounds))  # type: ignore[return-value]
+        (c0, c1, c2), (h0, h1, h2) = self.chips_per_host_bounds, self.host_bounds
+        return (c0 * h0, c1 * h1, c2 * h2)
 
     @property
     def chips(self) -> int:
@@ -97,7 +98,7 @@ class TpuTopology:
             cores = -(-(max(local) + 1) // self.chips)
             if cores > 2 or (cores == 2 and (max(local) + 1) <= self.chips):
                 return None
-            for device, local_id in zip(members, local):
+            for device, local_id in zip(members, local, strict=False):
                 out[device] = rank * self.hosts + self.host_of_chip(local_id // cores)
         return out
 
@@ -136,6 +137,5 @@ def decode_tpu_topology(data: bytes, platform_version: str | None = None) -> Tpu
 def _bounds(data: bytes | None) -> tuple[int, int, int] | None:
     if data is None:
         return None
-    values = [protowire.first(data, n) for n in (1, 2, 3)]
-    out = tuple(v if isinstance(v, int) and v > 0 else 1 for v in values)
-    return out  # type: ignore[return-value]
+    x, y, z = (v if isinstance(v, int) and v > 0 else 1 for v in (protowire.first(data, n) for n in (1, 2, 3)))
+    return (x, y, z)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hlo_doctor.errors import ConfigurationError
+
 PROGRAMS = Path(__file__).parent / "programs"
 PAIR = ("bad", "fixed")
 HEALTHY = ("healthy",)
@@ -36,7 +38,7 @@ class Example:
         try:
             return PROGRAMS / self.scripts[framework]
         except KeyError:
-            raise ValueError(
+            raise ConfigurationError(
                 f"example {self.name!r} has no {framework} version "
                 f"(it has: {', '.join(self.frameworks)})"
             ) from None
@@ -170,6 +172,6 @@ def get_example(name: str) -> Example:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise ValueError(
+        raise ConfigurationError(
             f"no example named {name!r}; known: {', '.join(sorted(_BY_NAME))}"
         ) from None

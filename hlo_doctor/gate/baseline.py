@@ -1,7 +1,7 @@
 """Baselines: accept today's findings, fail only on new ones (like ruff's/mypy's baselines).
 
 A baseline file records each finding's fingerprint (see
-:mod:`hlo_doctor.gate.fingerprint`) with enough context to read it; a later
+:mod:`hlo_doctor.fingerprint`) with enough context to read it; a later
 run ignores findings whose fingerprint is recorded, and reports the recorded
 ones that are gone as fixed.
 """
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hlo_doctor import __version__
+from hlo_doctor._version import __version__
 from hlo_doctor.errors import InputError
-from hlo_doctor.gate.fingerprint import occurrence_fingerprints
-from hlo_doctor.report.files import write_atomically
-from hlo_doctor.rules.base import Finding
+from hlo_doctor.files import write_atomically
+from hlo_doctor.findings import Finding
+from hlo_doctor.fingerprint import occurrence_fingerprints
 
 BASELINE_VERSION = 1
 
@@ -45,7 +45,7 @@ class BaselineResult:
 def write_baseline(findings: Sequence[Finding], path: str | Path) -> int:
     """Record ``findings`` in ``path``; returns how many were written."""
     entries = []
-    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings)):
+    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings), strict=False):
         source = f"{finding.source.file}:{finding.source.line}" if finding.source is not None else None
         entries.append(
             {
@@ -100,7 +100,7 @@ def apply_baseline(findings: Sequence[Finding], baseline: Sequence[BaselineEntry
     recorded = {entry.fingerprint: entry for entry in baseline}
     new, accepted = [], []
     matched = set()
-    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings)):
+    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings), strict=False):
         if fingerprint in recorded:
             accepted.append(finding)
             matched.add(fingerprint)

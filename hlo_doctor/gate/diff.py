@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hlo_doctor.analysis import Report, analyze_dump
+from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import Dump, DumpModule, load_dump
-from hlo_doctor.gate.fingerprint import module_family, occurrence_fingerprints
-from hlo_doctor.rules.base import Finding
+from hlo_doctor.findings import Finding, Report
+from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
+from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 
 
@@ -185,7 +186,6 @@ def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions
 def _collective_details(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> list[CollectiveDetail]:
     if module is None:
         return []
-    from hlo_doctor.rules._batch import parameter_name
 
     ctx = RuleContext(dump, module, options)
     hlo = ctx.per_device
@@ -245,7 +245,7 @@ def _findings_only_in(
     mine = [f for f in report.findings if f.module == module.key]
     theirs = [f for f in other.findings if other_module is not None and f.module == other_module.key]
     known = set(occurrence_fingerprints(theirs))
-    return tuple(f for f, print_ in zip(mine, occurrence_fingerprints(mine)) if print_ not in known)
+    return tuple(f for f, print_ in zip(mine, occurrence_fingerprints(mine), strict=False) if print_ not in known)
 
 
 def _parameter_changes(before: DumpModule | None, after: DumpModule | None) -> tuple[ParameterChange, ...]:

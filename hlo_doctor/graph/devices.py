@@ -31,6 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hlo_doctor.dump import protowire
+from hlo_doctor.dump.tpu import slice_of as megascale_slices
+from hlo_doctor.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from hlo_doctor.dump import DumpModule, Topology
 
@@ -219,12 +223,10 @@ def device_map(
     if recorded is not None:
         slice_of = {d: s for d, (_, s) in recorded.items() if s is not None} or None
     elif platform == "tpu":
-        from hlo_doctor.dump.tpu import slice_of as megascale_slices
-
         slice_of = megascale_slices(assignment)
     if devices_per_host is not None:
         if devices_per_host < 1:
-            raise ValueError(f"devices_per_host must be positive, not {devices_per_host}")
+            raise ConfigurationError(f"devices_per_host must be positive, not {devices_per_host}")
         per_host, host_source = devices_per_host, "argument"
     elif processes is not None and len(set(processes)) > 1:
         host_of = dict(enumerate(processes))
@@ -328,14 +330,9 @@ def topology_process_indices(topology: Topology) -> tuple[int, ...] | None:
 
 def _cpu_topology_processes(data: bytes) -> tuple[int, ...] | None:
     """``CpuTopologyProto``: repeated CpuDevice ``cpu_devices`` (1) with ``process_index`` (2)."""
-    from hlo_doctor.dump import protowire
-
     devices: list[int] = []
-    try:
-        for device in protowire.all_of(data, 1):
-            if isinstance(device, bytes):
-                process = protowire.first(device, 2)
-                devices.append(process if isinstance(process, int) else 0)
-    except protowire.WireError as error:
-        raise ValueError(str(error)) from None
+    for device in protowire.all_of(data, 1):  # raises WireError (a ValueError) for bytes that do not read
+        if isinstance(device, bytes):
+            process = protowire.first(device, 2)
+            devices.append(process if isinstance(process, int) else 0)
     return tuple(devices) if devices else None

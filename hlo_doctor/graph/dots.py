@@ -16,7 +16,9 @@ spatial dims are windows, with no output dim). ``batch_group_count`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
+from hlo_doctor.errors import OpKindError
 from hlo_doctor.hlo.attributes import parse_int_list
 from hlo_doctor.hlo.ir import Instruction
 
@@ -59,9 +61,6 @@ def _ints(text: str | None) -> tuple[int, ...]:
 
 
 _DOT_KEYS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")
-# (the four dims attributes as written, lhs rank, rhs rank) -> roles: a big module has
-# thousands of dots but few distinct dot kinds.
-_CACHE: dict[tuple, DotDims] = {}
 
 
 def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
@@ -69,16 +68,15 @@ def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     if instruction.opcode == "convolution":
         return _convolution_dims(instruction, lhs_rank, rhs_rank)
     if instruction.opcode != "dot":
-        raise ValueError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
+        raise OpKindError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
     texts = {key: value for key, value in instruction.attributes if key in _DOT_KEYS}
-    cache_key = (texts.get("lhs_batch_dims"), texts.get("rhs_batch_dims"), texts.get("lhs_contracting_dims"),
-                 texts.get("rhs_contracting_dims"), lhs_rank, rhs_rank)
-    found = _CACHE.get(cache_key)
-    if found is None:
-        found = _CACHE[cache_key] = _dot_dims(*cache_key)
-    return found
+    return _dot_dims(texts.get("lhs_batch_dims"), texts.get("rhs_batch_dims"), texts.get("lhs_contracting_dims"),
+                     texts.get("rhs_contracting_dims"), lhs_rank, rhs_rank)
 
 
+# Cached by the four dims attributes as written and the two ranks: a big module has
+# thousands of dots but few distinct dot kinds.
+@lru_cache(maxsize=4096)
 def _dot_dims(lb_text: str | None, rb_text: str | None, lc_text: str | None, rc_text: str | None,
               lhs_rank: int, rhs_rank: int) -> DotDims:
     lb, rb = _ints(lb_text), _ints(rb_text)
@@ -87,7 +85,7 @@ def _dot_dims(lb_text: str | None, rb_text: str | None, lc_text: str | None, rc_
     rf = tuple(d for d in range(rhs_rank) if d not in rb and d not in rc)
     lhs: dict[int, DimRole] = {}
     rhs: dict[int, DimRole] = {}
-    for i, (l, r) in enumerate(zip(lb, rb)):
+    for i, (l, r) in enumerate(zip(lb, rb, strict=False)):
         lhs[l] = DimRole(0, l, "batch", i)
         rhs[r] = DimRole(1, r, "batch", i)
     for l in lc:
@@ -108,7 +106,7 @@ def _dot_dims(lb_text: str | None, rb_text: str | None, lc_text: str | None, rc_
 def _convolution_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     labels = instruction.attribute("dim_labels")
     if not labels or "->" not in labels or "_" not in labels:
-        raise ValueError(f"{instruction.name}: convolution without dim_labels")
+        raise OpKindError(f"{instruction.name}: convolution without dim_labels")
     operands, output = labels.split("->")
     lhs_labels, rhs_labels = operands.split("_")
     out_index = {c: i for i, c in enumerate(output)}

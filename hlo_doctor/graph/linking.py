@@ -52,7 +52,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 
+from hlo_doctor.hlo.attributes import parse_metadata
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 
 __all__ = ["SnapshotLink", "TwinRef", "link_modules", "match_instructions", "resolve_twin", "twin_refs"]
@@ -95,21 +97,18 @@ class SnapshotLink:
 
 def _meta_key(instruction: Instruction) -> tuple | None:
     """What identifies an op's origin: op_name and source location (None: no metadata)."""
-    cached = _META_KEYS.get(id(instruction), _MISSING)
-    if cached is not _MISSING and cached[0] is instruction:
-        return cached[1]
-    metadata = instruction.metadata
-    key = None
-    if metadata is not None and (metadata.op_name or metadata.stack_frame_id or metadata.source_file):
-        key = (metadata.op_name, metadata.stack_frame_id, metadata.source_file, metadata.source_line)
-    _META_KEYS[id(instruction)] = (instruction, key)
-    return key
+    return _meta_key_of(instruction.attribute("metadata"))
 
 
-# Memo of _meta_key during one link_modules call (cleared after it), keyed by
-# id() with the instruction kept alive so ids cannot be reused meanwhile.
-_META_KEYS: dict[int, tuple[Instruction, tuple | None]] = {}
-_MISSING = object()
+@lru_cache(maxsize=65536)
+def _meta_key_of(text: str | None) -> tuple | None:
+    """:func:`_meta_key` by the metadata text: ops of one origin repeat it."""
+    if text is None:
+        return None
+    metadata = parse_metadata(text)
+    if metadata.op_name or metadata.stack_frame_id or metadata.source_file:
+        return (metadata.op_name, metadata.stack_frame_id, metadata.source_file, metadata.source_line)
+    return None
 
 
 def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
@@ -137,13 +136,10 @@ def link_modules(a: HloModule, b: HloModule) -> SnapshotLink:
                 continue
             called_b = ib.called_computations if ib.raw_attributes else ()
             called_a = ia.called_computations if ia.raw_attributes else ()
-            for na, nb in zip(called_a, called_b):
+            for na, nb in zip(called_a, called_b, strict=False):
                 if na in a_comps and nb in b_comps and nb not in seen:
                     queue.append((a_comps[na], b_comps[nb]))
-    try:
-        _attribute_inserted(link)
-    finally:
-        _META_KEYS.clear()
+    _attribute_inserted(link)
     return link
 
 
@@ -171,10 +167,7 @@ def match_instructions(a: HloModule, b: HloModule, keys: list[NodeKey]) -> dict[
 
 def twin_refs(a: HloModule, keys: list[NodeKey]) -> dict[NodeKey, TwinRef | None]:
     """Each key's :class:`TwinRef` in ``a`` (None for a key ``a`` does not have)."""
-    try:
-        return {key: _twin_ref(a, key) for key in keys}
-    finally:
-        _META_KEYS.clear()
+    return {key: _twin_ref(a, key) for key in keys}
 
 
 def _twin_ref(a: HloModule, key: NodeKey) -> TwinRef | None:
@@ -201,10 +194,7 @@ def resolve_twin(b: HloModule, ref: TwinRef) -> NodeKey | None:
         return (cb.name, same.name)
     if ref.meta is None:
         return None
-    try:
-        twins = [i for i in cb.instructions if i.opcode == ref.opcode and _meta_key(i) == ref.meta]
-    finally:
-        _META_KEYS.clear()
+    twins = [i for i in cb.instructions if i.opcode == ref.opcode and _meta_key(i) == ref.meta]
     if len(twins) != ref.count:
         return None
     return (cb.name, twins[ref.index].name)
@@ -325,7 +315,7 @@ def _attribute_inserted(link: SnapshotLink) -> None:
                 users[operand].append(ib.name)
         ca_name = b_to_a_comp.get(cb.name)
 
-        def matched_users(name: str) -> set[NodeKey]:
+        def matched_users(name: str, users: dict[str, list[str]] = users, cb: Computation = cb) -> set[NodeKey]:
             out: set[NodeKey] = set()
             seen = {name}
             frontier = [name]

@@ -1,6 +1,6 @@
 """Where an instruction's sharding came from: the user, or propagation.
 
-:func:`annotations` finds what the user gave: entry parameter shardings
+:func:`find_annotations` finds what the user gave: entry parameter shardings
 (``input``), a user-fixed entry result sharding (``output``), ``Sharding``
 custom-calls (torch_xla ``mark_sharding``, JAX ``with_sharding_constraint``
 under GSPMD; after propagation they are ``copy`` ops) and, in Shardy dumps,
@@ -49,7 +49,7 @@ __all__ = [
     "MeshSpec",
     "Provenance",
     "Step",
-    "annotations",
+    "find_annotations",
     "axes_of",
     "explain",
 ]
@@ -128,7 +128,7 @@ def _mesh_axes_for(signature: tuple[int, ...], mesh: MeshSpec) -> tuple[str, ...
     devices = sorted(position)
     if len(devices) != len(signature):
         return None
-    coords = []
+    coords: list[tuple[int, ...]] = []
     for d in devices:
         p, c = position[d], []
         for size in reversed(mesh.shape):
@@ -139,10 +139,10 @@ def _mesh_axes_for(signature: tuple[int, ...], mesh: MeshSpec) -> tuple[str, ...
     for count in range(1, min(3, len(axes)) + 1):
         for combo in permutations(axes, count):
             values = []
-            for c in coords:
+            for coord in coords:
                 v = 0
                 for a in combo:
-                    v = v * mesh.shape[a] + c[a]
+                    v = v * mesh.shape[a] + coord[a]
                 values.append(v)
             if tuple(values) == signature:
                 return tuple(mesh.names[a] for a in combo)
@@ -177,13 +177,13 @@ def _is_constraint(instruction: Instruction) -> bool:
     if instruction.opcode == "copy":
         metadata = instruction.metadata
         op_name = metadata.op_name if metadata else None
-        return bool(op_name) and (
+        return op_name is not None and (
             op_name.endswith("sharding_constraint") or "xla__custom_sharding" in op_name
         )
     return False
 
 
-def annotations(graph: DataflowGraph, before: DataflowGraph | None = None, link=None) -> dict[NodeKey, Annotation]:
+def find_annotations(graph: DataflowGraph, before: DataflowGraph | None = None, link=None) -> dict[NodeKey, Annotation]:
     """The user's sharding annotations in ``graph`` (an after-propagation snapshot).
 
     ``before`` (the before-propagation graph, GSPMD) and ``link`` (a
@@ -261,7 +261,8 @@ def _dot_map(graph: DataflowGraph, key: NodeKey, operand_key: NodeKey, axis, axe
     """(consistent, conflict) for moving ``axis`` from an operand into a dot."""
     dot = graph.instruction(key)
     computation = graph.module.computation(key[0])
-    shapes = [computation.get(o).shape for o in dot.operands[:2]] if computation else []
+    operands = [computation.get(o) for o in dot.operands[:2]] if computation else []
+    shapes = [o.shape for o in operands if o is not None]
     if len(shapes) < 2 or any(s.is_tuple for s in shapes):
         return True, False
     roles = dot_dims(dot, shapes[0].rank, shapes[1].rank)
@@ -372,7 +373,7 @@ def explain(
         raise KeyError(name)
     key = keys[0]
     if marks is None:
-        marks = annotations(graph)
+        marks = find_annotations(graph)
     axes = _Axes(graph, mesh)
     instruction = graph.instruction(key)
     sharding = instruction.sharding
@@ -393,8 +394,9 @@ def explain(
             )
             result.paths[label] = _path(graph, {key: (None, "start")}, key, True)
             continue
-        target = None
-        kind = index = None
+        target: NodeKey | None = None
+        kind: str | None = None
+        index: int | None = None
         from_shardy = False
         if shardy_value is not None and label in shardy_value.origins:
             origin = shardy_value.origins[label]
@@ -407,11 +409,13 @@ def explain(
                 kind, index = origin.kind, origin.index
             else:
                 target, kind = key, "self"
+        parent: dict[NodeKey, tuple[NodeKey | None, str]]
         if target == key:
             # The value is its own origin (the constraint op itself, say).
             end, parent = key, {key: (None, "start")}
         elif target is not None:
-            end, parent = _search(graph, key, axis, axes, {target: marks.get(target, Annotation(kind, index, target))}, False)
+            mark = marks.get(target) or Annotation(kind or "self", index, target)
+            end, parent = _search(graph, key, axis, axes, {target: mark}, False)
             if end is None:
                 parent = {key: (None, "start"), target: (key, "user")}
                 end = target

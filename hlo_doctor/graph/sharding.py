@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
+from hlo_doctor.errors import ShardingError
 from hlo_doctor.hlo.ir import (
     ELEMENT_BITS,
     Shape,
@@ -66,7 +67,7 @@ def tiles_per_dim(sharding: Sharding, rank: int) -> tuple[int, ...]:
         return (1,) * rank
     tiles = sharding.data_tile_dims
     if len(tiles) != rank:
-        raise ValueError(
+        raise ShardingError(
             f"sharding {sharding.text or sharding} tiles {len(tiles)} dims "
             f"but the value has rank {rank}"
         )
@@ -87,13 +88,13 @@ def replication_factor(sharding: Sharding, num_devices: int) -> int:
     dims = sharding.tile_assignment.dims
     types = subgroup_types(sharding)
     sub_dims = dims[len(dims) - len(types) :]
-    return math.prod(d for d, t in zip(sub_dims, types) if t is SubgroupType.REPLICATED)
+    return math.prod(d for d, t in zip(sub_dims, types, strict=False) if t is SubgroupType.REPLICATED)
 
 
 def shard_shape(sharding: Sharding, dims: tuple[int, ...]) -> tuple[int, ...]:
     """The per-device shard dims: each dim divided by its tiles, rounded up."""
     tiles = tiles_per_dim(sharding, len(dims))
-    return tuple(-(-d // t) if d >= 0 else d for d, t in zip(dims, tiles))
+    return tuple(-(-d // t) if d >= 0 else d for d, t in zip(dims, tiles, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +144,7 @@ class ShardingLayout:
     @property
     def padded_elements(self) -> int:
         """Elements of padding in the whole padded value."""
-        padded = math.prod(s * t for s, t in zip(self.shard_dims, self.tiles_per_dim))
+        padded = math.prod(s * t for s, t in zip(self.shard_dims, self.tiles_per_dim, strict=False))
         return padded - self.shape.num_elements
 
     @property
@@ -166,11 +167,11 @@ def layout(sharding: Sharding, shape: Shape, num_devices: int) -> ShardingLayout
     unknown shardings put the value on all of them.
     """
     if shape.is_tuple or sharding.is_tuple:
-        raise ValueError("layout() takes an array shape and a non-tuple sharding; use layouts()")
+        raise ShardingError("layout() takes an array shape and a non-tuple sharding; use layouts()")
     dims = shape.dims
     tiles = tiles_per_dim(sharding, len(dims))
     shard = shard_shape(sharding, dims)
-    padding = tuple(s * t - d if d >= 0 else 0 for s, t, d in zip(shard, tiles, dims))
+    padding = tuple(s * t - d if d >= 0 else 0 for s, t, d in zip(shard, tiles, dims, strict=False))
     bits = ELEMENT_BITS.get(shape.element_type, 0)
     elements = math.prod(max(d, 0) for d in shard)
     return ShardingLayout(
@@ -197,10 +198,10 @@ def layouts(sharding: Sharding, shape: Shape, num_devices: int) -> tuple[Shardin
         return tuple(layout(sharding, leaf, num_devices) for leaf in leaves)
     elements = list(_flatten(sharding))
     if len(elements) != len(leaves):
-        raise ValueError(
+        raise ShardingError(
             f"tuple sharding has {len(elements)} elements but the shape has {len(leaves)} leaves"
         )
-    return tuple(layout(s, leaf, num_devices) for s, leaf in zip(elements, leaves))
+    return tuple(layout(s, leaf, num_devices) for s, leaf in zip(elements, leaves, strict=False))
 
 
 def _flatten(sharding: Sharding) -> Iterator[Sharding]:
@@ -224,8 +225,7 @@ def _tile_array(sharding: Sharding) -> Iterator[tuple[tuple[int, ...], int]]:
     assignment = sharding.tile_assignment
     assert assignment is not None
     devices = assignment.device_ids()
-    for index, device in zip(product(*(range(d) for d in assignment.dims)), devices):
-        yield index, device
+    yield from zip(product(*(range(d) for d in assignment.dims)), devices, strict=False)
 
 
 def device_tile_indices(
@@ -260,7 +260,7 @@ def device_groups(sharding: Sharding, num_devices: int) -> tuple[tuple[int, ...]
     if kind in (ShardingKind.MANUAL, ShardingKind.UNREDUCED):
         return tuple((d,) for d in range(num_devices))
     if kind is not ShardingKind.TILED or sharding.tile_assignment is None:
-        raise ValueError(f"device groups are undefined for a {kind.value} sharding")
+        raise ShardingError(f"device groups are undefined for a {kind.value} sharding")
     dims = sharding.tile_assignment.dims
     types = subgroup_types(sharding)
     first_sub = len(dims) - len(types)
@@ -337,4 +337,4 @@ def _replace(sharding: Sharding, **changes: object) -> Sharding:
         )
     }
     fields.update(changes)
-    return Sharding(**fields)  # type: ignore[arg-type]
+    return Sharding(**fields)

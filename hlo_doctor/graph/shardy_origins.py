@@ -237,7 +237,7 @@ def read_origins(path: str | Path, module: HloModule) -> ShardyOrigins:
     # opcode and result dims: a queue per opcode, not one cursor, so one op
     # without an HLO twin does not make every later op miss.
     entry_scope = _Scope(entry)
-    scope = entry_scope
+    scope: _Scope | None = entry_scope
     last_while: Instruction | None = None
     indent = None
     for number in range(main_line + 1, len(lines)):
@@ -317,8 +317,8 @@ def _manual_computation_origins(entry: Computation, result: ShardyOrigins) -> No
     """
     users: dict[str, list[Instruction]] = defaultdict(list)
     for instruction in entry.instructions:
-        for operand in instruction.operands:
-            users[operand].append(instruction)
+        for used in instruction.operands:
+            users[used].append(instruction)
     calls = [i for i in entry.instructions if i.opcode == "call"
              and any("manual_computation_body" in name for name in i.called_computations)]
     for number, call in enumerate(calls):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hlo_doctor.errors import HloDoctorError
+
 
 def line_col(text: str, offset: int) -> tuple[int, int]:
     """1-based line and column of ``offset`` in ``text``."""
@@ -11,7 +13,7 @@ def line_col(text: str, offset: int) -> tuple[int, int]:
     return line, offset - start + 1
 
 
-class ParseError(ValueError):
+class ParseError(HloDoctorError):
     """Malformed HLO text, with ``path:line:col``, a message and a caret excerpt.
 
     ``str(error)`` is a single line (``path:line:col: message``), suitable for

@@ -11,10 +11,25 @@ Python loop.
 from __future__ import annotations
 
 import re
+from typing import Protocol, cast
 
 from hlo_doctor.hlo.errors import ParseError
 
 SPACE = re.compile(r"(?:[ \t\r\n]+|//[^\n]*|/\*.*?\*/)*", re.S)
+
+
+class AlwaysMatches(Protocol):
+    """``Pattern.match`` of a pattern that matches at every position (perhaps the empty string)."""
+
+    def __call__(self, string: str, pos: int = 0, /) -> re.Match[str]: ...
+
+
+def always_matches(pattern: re.Pattern[str]) -> AlwaysMatches:
+    """``pattern.match``, typed as never None: for ``(...)*`` patterns such as :data:`SPACE`."""
+    return cast(AlwaysMatches, pattern.match)
+
+
+SPACE_MATCH = always_matches(SPACE)
 NAME = re.compile(r"%?([A-Za-z0-9_][\w.\-]*)")
 STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 BRACE_EVENT = re.compile(r'[{}"]')
@@ -35,7 +50,7 @@ class Scanner:
         return ParseError.at(self.text, self.pos if offset is None else offset, message, path=self.path)
 
     def skip_space(self) -> int:
-        self.pos = SPACE.match(self.text, self.pos).end()
+        self.pos = SPACE_MATCH(self.text, self.pos).end()
         return self.pos
 
     def peek(self) -> str:
@@ -92,7 +107,7 @@ class Scanner:
             end = self.scan_bare(start)
             if key == "literal":
                 # literal=s32[2]{0} {1, 2}: a shape, then the literal itself.
-                i = SPACE.match(text, end).end()
+                i = SPACE_MATCH(text, end).end()
                 end = self.scan_braces(i) if text.startswith("{", i) else self.scan_bare(i)
             elif key == "replica_groups" and text.startswith("mesh", start):
                 # mesh['a'=2,'b'=4] {'a'}, or with the mesh's devices:
@@ -121,7 +136,7 @@ class Scanner:
                 elif text[i] == "\n":
                     raise self.error("unterminated device_ids=(...)", m.start())
                 i += 1
-        i = SPACE.match(text, end).end()
+        i = SPACE_MATCH(text, end).end()
         if text.startswith("{", i):
             end = self.scan_braces(i)
         return end

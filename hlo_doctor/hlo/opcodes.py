@@ -21,7 +21,7 @@ OPCODES: frozenset[str] = frozenset(
     send-done set-dimension-size shift-left shift-right-arithmetic shift-right-logical
     sign sine slice sort sqrt stochastic-convert subtract tan tanh topk transpose
     triangular-solve tuple while xor
-    """.split()
+    """.split()  # noqa: SIM905 - the table reads as XLA prints it
 )
 
 # Printed suffix of a sugared async op -> the opcode XLA gives it.

@@ -13,11 +13,12 @@ from caching shapes by text. Every error is a :class:`ParseError` at
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 from hlo_doctor._gc import paused_gc
-from hlo_doctor.hlo import fast_path
+from hlo_doctor.hlo import fast_path  # the submodule (hlo/__init__ is not imported for it)
+from hlo_doctor.hlo.async_sugar import _ASYNC_WRAPPER_KEYS, AsyncSugarReader
 from hlo_doctor.hlo.ir import (
+    CALLED_COMPUTATION_KEYS,
     ELEMENT_BITS,
     Computation,
     HloModule,
@@ -26,81 +27,25 @@ from hlo_doctor.hlo.ir import (
     Position,
     Shape,
     StackFrameTables,
+    called_computation_names,
 )
-from hlo_doctor.hlo.lexer import NAME, SPACE, Scanner, unescape
-from hlo_doctor.hlo.opcodes import ASYNC_SUFFIXES, DEDICATED_ASYNC, OPCODES
+from hlo_doctor.hlo.lexer import NAME, SPACE_MATCH, unescape
+from hlo_doctor.hlo.opcodes import OPCODES
+from hlo_doctor.hlo.scope import LITERAL_OPCODES, _Scope, infer_shape, make_computation
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 
 _ATTR_KEY = re.compile(r"([A-Za-z_][\w.\-]*)\s*=")
 _ARRAY_START = re.compile(r"([a-z][a-z0-9]*)\s*\[|(b)\(")
 _OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\s*\(")
-_TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"(?:[^\"\\]|\\.)*\"|\{[^}\n]*\})")
-_TABLE_FIELD = re.compile(r"(\w+)=(-?\d+)")
 
-TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-
-# Attributes whose value names called computations.
-CALLED_COMPUTATION_KEYS = frozenset(
-    {
-        "to_apply",
-        "calls",
-        "body",
-        "condition",
-        "branch_computations",
-        "true_computation",
-        "false_computation",
-        "called_computations",
-        "select",
-        "scatter",
-        "comparator",
-    }
-)
-# Ops that take a literal, not operands, between their parentheses.
-LITERAL_OPCODES = frozenset({"constant", "parameter"})
-# Ops whose result shape XLA infers as "same as operand 0" when the text omits it.
-_SAME_AS_OPERAND = frozenset(
-    {
-        "abs", "add", "and", "atan2", "cbrt", "ceil", "copy", "cosine", "divide",
-        "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
-        "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "power",
-        "remainder", "round-nearest-even", "rsqrt", "sign", "sine", "sqrt", "subtract",
-        "tan", "tanh", "xor", "opt-barrier", "all-reduce", "collective-permute",
-        "bitcast", "reduce-precision", "clamp", "select",
-    }
-)
-UNKNOWN_SHAPE = Shape("unknown")
-
-
-class _Scope:
-    """Instructions of the computation being parsed, in order."""
-
-    __slots__ = ("instructions", "by_name", "async_starts", "roots")
-
-    def __init__(self) -> None:
-        self.instructions: list[Instruction] = []
-        self.by_name: dict[str, Instruction] = {}
-        self.async_starts: dict[str, tuple[str, ...]] = {}
-        self.roots: list[Instruction] = []
-
-    def shape_of(self, name: str) -> Shape:
-        instruction = self.by_name.get(name)
-        return instruction.shape if instruction is not None else UNKNOWN_SHAPE
-
-    def add(self, instruction: Instruction) -> None:
-        self.instructions.append(instruction)
-        self.by_name[instruction.name] = instruction
-        if instruction.is_root:
-            self.roots.append(instruction)
-
-
-class Parser(Scanner):
+class Parser(AsyncSugarReader):
     """A single-use parser over one module's text."""
 
     def __init__(self, text: str, path: str | None = None) -> None:
         super().__init__(text, path)
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
-        self.origin = ModuleText(text, path)
+        self.origin = ModuleText(text, path, split_attributes)
         self._line = 1
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
@@ -169,57 +114,6 @@ class Parser(Scanner):
             path=self.path,
         )
 
-    def parse_frame_tables(self) -> None:
-        tables: dict[str, dict[int, object]] = {}
-        while True:
-            self.skip_space()
-            for table in TABLE_NAMES:
-                if self.parse_optional_keyword(table):
-                    tables[table] = self.parse_table_rows(table)
-                    break
-            else:
-                break
-        if not tables:
-            return
-        file_locations = {}
-        for key, fields in tables.get("FileLocations", {}).items():
-            assert isinstance(fields, dict)
-            file_locations[key] = (
-                fields.get("file_name_id", 0),
-                fields.get("function_name_id", 0),
-                fields.get("line", 0),
-                fields.get("column"),
-            )
-        stack_frames = {}
-        for key, fields in tables.get("StackFrames", {}).items():
-            assert isinstance(fields, dict)
-            stack_frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
-        if any(parent == key for key, (_, parent) in stack_frames.items()):
-            # XLA (jaxlib 0.10.2) prints parent_frame_id one higher than the
-            # parent's id (a root frame shows itself as its parent); a correct
-            # table never has a self-parent, so this marks the convention.
-            stack_frames = {key: (location, parent - 1) for key, (location, parent) in stack_frames.items()}
-        self.frame_tables = self.origin.frame_tables = StackFrameTables(
-            file_names=tables.get("FileNames", {}),  # type: ignore[arg-type]
-            function_names=tables.get("FunctionNames", {}),  # type: ignore[arg-type]
-            file_locations=file_locations,
-            stack_frames=stack_frames,
-        )
-
-    def parse_table_rows(self, table: str) -> dict[int, object]:
-        rows: dict[int, object] = {}
-        while True:
-            self.skip_space()
-            m = _TABLE_ROW.match(self.text, self.pos)
-            if m is None:
-                return rows
-            self.pos = m.end()
-            value = m.group(2)
-            if value.startswith('"'):
-                rows[int(m.group(1))] = unescape(value[1:-1])
-            else:
-                rows[int(m.group(1))] = {k: int(v) for k, v in _TABLE_FIELD.findall(value)}
-
     # -- computations -------------------------------------------------------------
 
     def parse_computation(self) -> tuple[bool, Computation]:
@@ -268,9 +162,9 @@ class Parser(Scanner):
         scope = _Scope()
         text = self.text
         while True:
-            self.pos = SPACE.match(text, self.pos).end()
+            self.pos = SPACE_MATCH(text, self.pos).end()
             self.parse_fast_instructions(scope)
-            self.pos = SPACE.match(text, self.pos).end()
+            self.pos = SPACE_MATCH(text, self.pos).end()
             c = text[self.pos : self.pos + 1]
             if c == "}":
                 self.pos += 1
@@ -318,9 +212,9 @@ class Parser(Scanner):
             raise self.error(f"instruction '{name}' is already defined in this computation", start)
         self.expect("=", f" after instruction name '{name}'")
         self.skip_space()
-        shape_text = None
+        shape_span: tuple[int, int] | None = None
         if self.at_shape():
-            shape_text = self.scan_shape_text()
+            shape_span = self.scan_shape_text()
         self.skip_space()
         m = _OPCODE.match(self.text, self.pos)
         if m is None:
@@ -337,7 +231,7 @@ class Parser(Scanner):
             operands = self.parse_operands(scope)
         attributes = self.parse_attributes(scope, owner=name)
         return self.add_instruction(
-            scope, name, opcode, opcode_offset, shape_text, operands, attributes, literal, is_root, start
+            scope, name, opcode, opcode_offset, shape_span, operands, attributes, literal, is_root, start
         )
 
     def parse_fast_instructions(self, scope: _Scope) -> None:
@@ -406,14 +300,14 @@ class Parser(Scanner):
         name: str,
         opcode: str,
         opcode_offset: int,
-        shape_text: str | None,
+        shape_span: tuple[int, int] | None,
         operands: tuple[str, ...],
         attributes: list[tuple[str, str]],
         literal: str | None,
         is_root: bool,
         start: int,
     ) -> str:
-        shape = self.interpret_shape(shape_text) if shape_text is not None else None
+        shape = self.interpret_shape(shape_span) if shape_span is not None else None
         printed_opcode = None
         if opcode not in OPCODES:
             opcode, printed_opcode = self.desugar_async(opcode, opcode_offset)
@@ -439,87 +333,23 @@ class Parser(Scanner):
         scope.add(instruction)
         return name
 
-    def desugar_async(self, opcode: str, offset: int) -> tuple[str, str]:
-        for suffix, async_opcode in ASYNC_SUFFIXES:
-            wrapped = opcode[: -len(suffix)]
-            if opcode.endswith(suffix) and wrapped in OPCODES and wrapped not in DEDICATED_ASYNC:
-                return async_opcode, opcode
-        raise self.error(f"unknown opcode '{opcode}'", offset)
-
-    def wrap_async(
-        self,
-        scope: _Scope,
-        name: str,
-        opcode: str,
-        printed_opcode: str,
-        shape: Shape,
-        operands: tuple[str, ...],
-        attributes: list[tuple[str, str]],
-        called: tuple[str, ...],
-    ) -> tuple[str, ...]:
-        """Sugared ``<op>-start``: build the wrapped computation XLA would build."""
-        if opcode != "async-start":
-            # -update / -done continue the chain of their operand.
-            for operand in operands:
-                if operand in scope.async_starts:
-                    scope.async_starts[name] = scope.async_starts[operand]
-                    return scope.async_starts[operand]
-            return called
-        wrapped_opcode = printed_opcode[: -len("-start")]
-        inner = _Scope()
-        params = []
-        for index, operand in enumerate(operands):
-            param_name = f"{name}.async_param.{index}"
-            operand_shape = scope.shape_of(operand)
-            inner.add(
-                Instruction(
-                    name=param_name,
-                    opcode="parameter",
-                    shape=operand_shape,
-                    operands=(),
-                    offset=self.pos,
-                    origin=self.origin,
-                    literal=str(index),
-                )
-            )
-            params.append(param_name)
-        result_shape = shape.tuple_shapes[1] if shape.is_tuple and len(shape.tuple_shapes) > 1 else shape
-        inner_attributes = [(k, v) for k, v in attributes if k not in _ASYNC_WRAPPER_KEYS]
-        inner.add(
-            Instruction(
-                name=f"{name}.async_op",
-                opcode=wrapped_opcode,
-                shape=result_shape,
-                operands=tuple(params),
-                offset=self.pos,
-                origin=self.origin,
-                is_root=True,
-                raw_attributes=tuple(inner_attributes),
-                called=called,
-            )
-        )
-        wrapped_name = self.synthetic_computation_name(f"{name}.async_wrapped")
-        self.computations.append(
-            make_computation(wrapped_name, inner, self.position(self.pos), False, (), None)
-        )
-        scope.async_starts[name] = (wrapped_name,)
-        return (wrapped_name,)
-
-    def interpret_shape(self, shape_text: tuple[int, int] | str) -> Shape:
-        start, end = shape_text  # type: ignore[misc]
+    def interpret_shape(self, span: tuple[int, int]) -> Shape:
+        """The shape whose text is ``self.text[start:end]`` for ``span`` = (start, end)."""
+        start, end = span
         try:
             return shape_from_text(self.text[start:end])
         except ShapeSyntaxError as error:
             raise self.error(error.message, start + error.offset) from None
 
-    def scan_shape_text(self) -> tuple[int, int]:  # type: ignore[override]
+    def scan_shape_text(self) -> tuple[int, int]:
+        """Skip the shape at ``self.pos``; its (start, end) span."""
         start = self.pos
         try:
             end = scan_shape(self.text, start)
         except ShapeSyntaxError as error:
             raise self.error(error.message, error.offset) from None
         self.pos = end
-        return (start, end)  # type: ignore[return-value]
+        return (start, end)
 
     def parse_shape(self) -> Shape:
         self.skip_space()
@@ -553,13 +383,13 @@ class Parser(Scanner):
     def parse_operand(self, scope: _Scope) -> str:
         self.skip_space()
         start = self.pos
-        shape_text = None
+        shape_span: tuple[int, int] | None = None
         if self.at_shape():
-            shape_text = self.scan_shape_text()
+            shape_span = self.scan_shape_text()
             self.skip_space()
             if self.text.startswith(",", self.pos):
                 # XLA also accepts `f32[], %x`: a shape, a comma, then the name.
-                after = SPACE.match(self.text, self.pos + 1).end()
+                after = SPACE_MATCH(self.text, self.pos + 1).end()
                 if not self.at_shape(after) and NAME.match(self.text, after):
                     self.pos = after
         m = _OPCODE.match(self.text, self.pos)
@@ -577,7 +407,7 @@ class Parser(Scanner):
             self._synthetic += 1
             name = f"{opcode}.nested.{self._synthetic}"
             return self.add_instruction(
-                scope, name, opcode, opcode_offset, shape_text, operands, [], literal, False, start
+                scope, name, opcode, opcode_offset, shape_span, operands, [], literal, False, start
             )
         m = NAME.match(self.text, self.pos)
         if m is None:
@@ -618,7 +448,7 @@ class Parser(Scanner):
     def is_inline_body(self) -> bool:
         if not self.text.startswith("{", self.pos):
             return False
-        i = SPACE.match(self.text, self.pos + 1).end()
+        i = SPACE_MATCH(self.text, self.pos + 1).end()
         return re.match(r"(?:ROOT\s+)?%?[\w.\-]+\s*=", self.text[i : i + 200]) is not None
 
     def parse_inline_computation(self, owner: str, key: str) -> str:
@@ -627,28 +457,6 @@ class Parser(Scanner):
         name = self.synthetic_computation_name(f"{owner}.{key}.{self._synthetic}")
         self.parse_computation_body(name, start, False, [])
         return name
-
-_ASYNC_WRAPPER_KEYS = frozenset({"async_execution_thread", "async_group_id", "metadata", "backend_config"})
-
-
-def make_computation(
-    name: str,
-    scope: _Scope,
-    position: Position,
-    is_entry: bool,
-    parameter_shapes: tuple[Shape, ...],
-    execution_thread: str | None,
-) -> Computation:
-    return Computation(
-        name=name,
-        instructions=tuple(scope.instructions),
-        position=position,
-        is_entry=is_entry,
-        parameter_shapes=parameter_shapes,
-        execution_thread=execution_thread,
-        by_name=scope.by_name,
-    )
-
 
 def parse_header(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The name and attributes of a module's header line, read as :func:`parse_module` reads
@@ -671,33 +479,6 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     if parser.skip_space() != len(text):
         raise parser.error("expected ',' before the next attribute")
     return tuple(attributes)
-
-
-def called_computation_names(attributes: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-    names: list[str] = []
-    for key, value in attributes:
-        if key in CALLED_COMPUTATION_KEYS:
-            if value.startswith("{"):
-                names.extend(n.strip().lstrip("%") for n in value[1:-1].split(",") if n.strip())
-            else:
-                names.append(value.lstrip("%"))
-    return tuple(names)
-
-
-def infer_shape(
-    opcode: str, operands: tuple[str, ...], attributes: list[tuple[str, str]], scope: _Scope
-) -> Shape:
-    """The shape XLA would infer for an instruction written without one."""
-    shapes = [scope.shape_of(o) for o in operands]
-    if opcode == "tuple":
-        return Shape("tuple", tuple_shapes=tuple(shapes))
-    if opcode == "get-tuple-element" and shapes and shapes[0].is_tuple:
-        for key, value in attributes:
-            if key == "index" and value.isdigit() and int(value) < len(shapes[0].tuple_shapes):
-                return shapes[0].tuple_shapes[int(value)]
-    if opcode in _SAME_AS_OPERAND and shapes:
-        return shapes[-1] if opcode == "select" else shapes[0]
-    return UNKNOWN_SHAPE
 
 
 def parse_module(text: str, *, path: str | None = None) -> HloModule:

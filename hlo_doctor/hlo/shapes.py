@@ -11,10 +11,11 @@ import re
 from functools import lru_cache
 
 from hlo_doctor.hlo.errors import ParseError
-from hlo_doctor.hlo.ir import ELEMENT_BITS, Layout, Shape
+from hlo_doctor.hlo.ir_shape import ELEMENT_BITS, Layout, Shape
+from hlo_doctor.hlo.lexer import always_matches
 
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\s*\[([^\]]*)\]")
-_SPACE = re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.S)
+_SPACE = always_matches(re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.S))
 _LAYOUT_START = re.compile(r"\{\s*[\d:}]")
 _BUFFER = re.compile(r"b\(\s*")
 _DIM = re.compile(r"\s*(<=)?\s*(\d+|\?)\s*")
@@ -55,21 +56,21 @@ def scan_shape(text: str, pos: int) -> int:
     Raises ShapeSyntaxError when no shape starts there.
     """
     if pos < len(text) and text[pos] == "(":
-        i = _SPACE.match(text, pos + 1).end()
+        i = _SPACE(text, pos + 1).end()
         if i < len(text) and text[i] == ")":
             return i + 1
         while True:
             i = scan_shape(text, i)
-            i = _SPACE.match(text, i).end()
+            i = _SPACE(text, i).end()
             if i < len(text) and text[i] == ",":
-                i = _SPACE.match(text, i + 1).end()
+                i = _SPACE(text, i + 1).end()
                 continue
             if i < len(text) and text[i] == ")":
                 return i + 1
             raise ShapeSyntaxError(i, "expected ',' or ')' in tuple shape")
     b = _BUFFER.match(text, pos)
     if b is not None:
-        end = _SPACE.match(text, scan_shape(text, b.end())).end()
+        end = _SPACE(text, scan_shape(text, b.end())).end()
         if not text.startswith(")", end):
             raise ShapeSyntaxError(end, "expected ')' to close the buffer shape b(...)")
         return end + 1
@@ -77,7 +78,7 @@ def scan_shape(text: str, pos: int) -> int:
     if m is None:
         raise ShapeSyntaxError(pos, "expected a shape such as f32[2,3]")
     end = m.end()
-    layout = _LAYOUT_START.match(text, _SPACE.match(text, end).end())
+    layout = _LAYOUT_START.match(text, _SPACE(text, end).end())
     if layout is not None:
         end = scan_layout(text, layout.start())
     return end
@@ -87,7 +88,7 @@ def scan_shape(text: str, pos: int) -> int:
 def shape_from_text(text: str) -> Shape:
     """Interpret a shape's text; raises ShapeSyntaxError with an offset."""
     shape, end = _parse_shape(text, 0)
-    end = _SPACE.match(text, end).end()
+    end = _SPACE(text, end).end()
     if end != len(text):
         raise ShapeSyntaxError(end, "unexpected text after shape")
     return shape
@@ -96,15 +97,15 @@ def shape_from_text(text: str) -> Shape:
 def _parse_shape(text: str, pos: int) -> tuple[Shape, int]:
     if pos < len(text) and text[pos] == "(":
         elements: list[Shape] = []
-        i = _SPACE.match(text, pos + 1).end()
+        i = _SPACE(text, pos + 1).end()
         if i < len(text) and text[i] == ")":
             return Shape("tuple"), i + 1
         while True:
             element, i = _parse_shape(text, i)
             elements.append(element)
-            i = _SPACE.match(text, i).end()
+            i = _SPACE(text, i).end()
             if i < len(text) and text[i] == ",":
-                i = _SPACE.match(text, i + 1).end()
+                i = _SPACE(text, i + 1).end()
                 continue
             if i < len(text) and text[i] == ")":
                 return Shape("tuple", tuple_shapes=tuple(elements)), i + 1
@@ -112,7 +113,7 @@ def _parse_shape(text: str, pos: int) -> tuple[Shape, int]:
     b = _BUFFER.match(text, pos)
     if b is not None:
         inner, end = _parse_shape(text, b.end())
-        end = _SPACE.match(text, end).end()
+        end = _SPACE(text, end).end()
         if not text.startswith(")", end):
             raise ShapeSyntaxError(end, "expected ')' to close the buffer shape b(...)")
         return inner, end + 1
@@ -140,7 +141,7 @@ def _parse_shape(text: str, pos: int) -> tuple[Shape, int]:
             offset += len(part) + 1
     end = m.end()
     layout = None
-    layout_start = _LAYOUT_START.match(text, _SPACE.match(text, end).end())
+    layout_start = _LAYOUT_START.match(text, _SPACE(text, end).end())
     if layout_start is not None:
         layout_end = scan_layout(text, layout_start.start())
         layout = _layout_from_text(text[layout_start.start() : layout_end])

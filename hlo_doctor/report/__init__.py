@@ -16,8 +16,18 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
+from hlo_doctor.errors import ConfigurationError
+from hlo_doctor.fingerprint import occurrence_fingerprints
+from hlo_doctor.report.github import render_github
+from hlo_doctor.report.html import render_html
+from hlo_doctor.report.json import render_json
+from hlo_doctor.report.markdown import render_markdown
+from hlo_doctor.report.sarif import render_sarif
+from hlo_doctor.report.text import render_text
+from hlo_doctor.rules import discover
+
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
+    from hlo_doctor.findings import Report
     from hlo_doctor.report.source import SourcePolicy
 
 FORMATS = ("text", "json", "sarif", "markdown", "github", "html")
@@ -40,13 +50,8 @@ def render(
     text and HTML may quote (default: :meth:`SourcePolicy.default`).
     """
     if output_format == "json":
-        from hlo_doctor.report.json import render_json
-
         return render_json(report)
     if output_format == "sarif":
-        from hlo_doctor.gate.fingerprint import occurrence_fingerprints
-        from hlo_doctor.report.sarif import render_sarif
-        from hlo_doctor.rules import discover
 
         registry = discover()
         rules = [registry.rules[rule_id].rule for rule_id in report.rules if rule_id in registry.rules]
@@ -57,24 +62,16 @@ def render(
         states = ["unchanged" if id(f) in accepted else "new" for f in findings]
         return render_sarif(findings, rules, fingerprints=occurrence_fingerprints(findings), baseline_states=states)
     if output_format == "markdown":
-        from hlo_doctor.report.markdown import render_markdown
-
         baselined = None if report.baselined is None else len(report.baselined)
         return render_markdown(report.findings, modules=len(report.modules), baselined=baselined)
     if output_format == "html":
-        from hlo_doctor.report.html import render_html
-
         return render_html(report, sources=sources)
     if output_format == "github":
-        from hlo_doctor.report.github import render_github
-
         return render_github(report.findings)
     if output_format == "text":
-        from hlo_doctor.report.text import render_text
-
         if color is None:
             color = sys.stdout.isatty()
         if width is None:
             width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
         return render_text(report, color=color, width=width, quiet=quiet, sources=sources)
-    raise ValueError(f"unknown format {output_format!r} (choose {', '.join(FORMATS)})")
+    raise ConfigurationError(f"unknown format {output_format!r} (choose {', '.join(FORMATS)})")

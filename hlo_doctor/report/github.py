@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain, plain_block
-from hlo_doctor.rules.base import Finding, Severity
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 

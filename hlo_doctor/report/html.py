@@ -13,21 +13,28 @@ rest. Everything taken from the dump is escaped (:func:`html_text`).
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from hlo_doctor.dump import load_dump
+from hlo_doctor.dump.folder import Role
 from hlo_doctor.errors import one_line
+from hlo_doctor.findings import Finding, Severity
+from hlo_doctor.graph.dataflow import build_graph
+from hlo_doctor.graph.sharding import shard_shape
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.report.source import SourcePolicy, source_lines
 from hlo_doctor.report.svg import Bar, Edge, MeshCell, Node, bars_svg, dataflow_svg, grid_shape, mesh_svg
 from hlo_doctor.report.text import bytes_line, fixes_for
-from hlo_doctor.rules.base import Finding, Severity
+from hlo_doctor.rules import AnalysisOptions, RuleContext
+from hlo_doctor.semantics.inventory import module_rows
 from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
+    from hlo_doctor.findings import Report
     from hlo_doctor.rules.context import RuleContext
 
 __all__ = ["INVENTORY_KEYS", "module_inventory", "render_html"]
@@ -47,7 +54,6 @@ def module_inventory(ctx: RuleContext | None) -> list[dict[str, Any]] | None:
     """
     if ctx is None or ctx.per_device is None:
         return None
-    from hlo_doctor.semantics.inventory import module_rows
 
     def source_of(instruction):  # noqa: ANN001, ANN202
         frame, _ = ctx.user_source(instruction)
@@ -76,8 +82,6 @@ def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
 
 
 def _contexts(report: Report) -> tuple[dict[str, RuleContext], str | None]:
-    from hlo_doctor.dump import load_dump
-    from hlo_doctor.rules import AnalysisOptions, RuleContext
 
     try:
         dump = load_dump(report.dump)
@@ -222,8 +226,6 @@ def _cell(key: str, value: Any) -> str:
 def _graphs_for(finding: Finding, ctx: RuleContext) -> Iterator[tuple[Any, bool]]:
     """Dataflow graphs to look for the finding's op in, with whether their shapes are per device:
     the snapshot the finding points at, then the per-device one (whose names findings use)."""
-    from hlo_doctor.dump.folder import Role
-    from hlo_doctor.graph.dataflow import build_graph
 
     for snapshot in ctx.module.snapshots:
         if finding.file is not None and str(snapshot.path) == finding.file and snapshot.module() is not ctx.per_device:
@@ -237,18 +239,14 @@ def _is_collective(opcode: str) -> bool:
 
 
 def _device_shape(instruction, per_device: bool) -> str:
-    from hlo_doctor.graph.sharding import shard_shape
-
     shape = instruction.shape
     if shape.is_tuple:
         return f"tuple of {len(shape.tuple_shapes)}"
     dims = shape.dims
     sharding = instruction.sharding
     if not per_device and sharding is not None and not sharding.is_tuple:
-        try:
+        with contextlib.suppress(ValueError):
             dims = shard_shape(sharding, dims)
-        except ValueError:
-            pass
     return f"{shape.element_type}[{','.join(map(str, dims))}]"
 
 
@@ -275,7 +273,7 @@ def _neighbourhood(graph, focus) -> Iterator[tuple]:
 def _dataflow_picture(finding: Finding, ctx: RuleContext) -> str | None:
     if not finding.instruction:
         return None
-    for graph, per_device in _graphs_for(finding, ctx):
+    for graph, per_device in _graphs_for(finding, ctx):  # noqa: B007 - the pair the loop breaks at is used below
         keys = graph.find(finding.instruction)
         if keys:
             break
@@ -312,7 +310,7 @@ def _mesh_picture(finding: Finding, ctx: RuleContext) -> str | None:
     if mesh is not None:
         logical_ids = list(mesh.device_ids)
         shape = grid_shape(mesh.axis_sizes)
-        axes = " x ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.axis_sizes))
+        axes = " x ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.axis_sizes, strict=False))
     else:
         logical_ids = list(range(ctx.num_partitions or 1))
         shape = (1, len(logical_ids))

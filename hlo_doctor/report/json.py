@@ -6,10 +6,10 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from hlo_doctor.rules.base import Finding
+from hlo_doctor.findings import Finding
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
+    from hlo_doctor.findings import Report
 
 SCHEMA_VERSION = 1
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.safe import md_code, md_fence, md_text
-from hlo_doctor.rules.base import Finding, Severity
 
 
 def _where(finding: Finding, *, in_table: bool) -> str:

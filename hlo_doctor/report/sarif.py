@@ -15,10 +15,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hlo_doctor import __version__
+from hlo_doctor._version import __version__
+from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
-from hlo_doctor.rules.base import Finding, Rule, Severity
+from hlo_doctor.rules.base import Rule
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/hlo-doctor/hlo-doctor"

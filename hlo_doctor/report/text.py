@@ -27,14 +27,14 @@ import linecache
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from hlo_doctor.findings import Finding, Severity, Suggestion
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
 from hlo_doctor.report.source import SourcePolicy, source_lines
-from hlo_doctor.rules.base import Finding, Severity, Suggestion
 from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
+    from hlo_doctor.findings import Report
 
 __all__ = ["bytes_line", "fixes_for", "render_statistics", "render_text"]
 

@@ -4,9 +4,10 @@
   ``severity``, ``summary``); per-rule options are a dataclass named in
   ``Options``; :meth:`Rule.check` is pure: it reads a :class:`RuleContext`
   and yields :class:`Finding` records.
-* :class:`Finding`: a frozen, slotted record: rule, severity, module,
-  instruction, dump file:line, the user's source line, the message, the
-  suggestion and the evidence numbers. Output formats only render findings.
+* :class:`Finding` (defined in :mod:`hlo_doctor.findings`, re-exported
+  here): a frozen, slotted record: rule, severity, module, instruction, dump
+  file:line, the user's source line, the message, the suggestion and the
+  evidence numbers. Output formats only render findings.
 * :class:`RuleContext` (in :mod:`hlo_doctor.rules.context`): one module of a
   dump, with the analyses rules share built lazily and cached.
 """
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from hlo_doctor.findings import Finding, Severity, SourceRef, Suggestion
+from hlo_doctor.fingerprint import finding_signature
 
 if TYPE_CHECKING:
     from hlo_doctor.hlo.ir import Instruction
@@ -32,65 +35,6 @@ __all__ = [
     "SourceRef",
     "Suggestion",
 ]
-
-
-class Severity(str, Enum):
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-    @property
-    def rank(self) -> int:
-        return {"error": 0, "warning": 1, "info": 2}[self.value]
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRef:
-    """A line of the user's program: the innermost frame outside the frameworks."""
-
-    file: str
-    line: int
-    function: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Suggestion:
-    """What to do: a one-line summary and code for each framework (None: no code)."""
-
-    summary: str
-    jax: str | None = None
-    torch_xla: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One problem found in one module.
-
-    ``instruction`` is the name in the after-partitioning snapshot where one
-    exists (else in the snapshot named by ``file``); ``related`` names the
-    other instructions involved, in any snapshot. ``file``/``line`` point
-    into the dump; ``source`` at the user's program (None when the dump has
-    no location). ``evidence`` holds the numbers behind the message.
-    """
-
-    rule: str
-    severity: Severity
-    module: str
-    message: str
-    instruction: str | None = None
-    related: tuple[str, ...] = ()
-    file: str | None = None
-    line: int | None = None
-    source: SourceRef | None = None
-    suggestion: Suggestion | None = None
-    evidence: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    # Stable across recompiles (see hlo_doctor.gate.fingerprint); op_name for ignore-ops.
-    fingerprint: str = field(default="", compare=False)
-    op_name: str | None = field(default=None, compare=False)
-
-    @property
-    def sort_key(self) -> tuple:
-        return (self.module, self.file or "", self.line or 0, self.rule, self.instruction or "")
 
 
 class RuleSkipped(Exception):
@@ -174,8 +118,6 @@ class Rule:
             source, library_only = ctx.user_source(where)
             if source is None and library_only:
                 message += " (the dump records only library frames for this op, no line of your code)"
-        from hlo_doctor.gate.fingerprint import finding_key, instruction_signature
-
         metadata = instruction.metadata if instruction is not None else None
         return Finding(
             rule=self.id,
@@ -189,9 +131,7 @@ class Rule:
             source=source,
             suggestion=suggestion,
             evidence=dict(evidence or {}),
-            fingerprint=finding_key(
-                self.id, ctx.module.name, source, instruction_signature(instruction) or (name or "")
-            ),
+            signature=finding_signature(source, instruction, name),  # the engine makes the fingerprint
             op_name=metadata.op_name if metadata is not None else None,
         )
 

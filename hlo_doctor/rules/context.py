@@ -16,17 +16,21 @@ from typing import TYPE_CHECKING
 
 from hlo_doctor.dump import Dump, DumpModule, Role
 from hlo_doctor.graph.collectives import Collective, find_collectives
+from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.devices import DeviceMap, device_map
+from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.rules._program import program_mesh_axes
+from hlo_doctor.rules._suggest import argument_name
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
+from hlo_doctor.semantics.cost import module_flops
 
 if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow import DataflowGraph
     from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, SourceLocation
-    from hlo_doctor.rules.hardware import HardwareProfile
+    from hlo_doctor.semantics.hardware import HardwareProfile
 
 __all__ = [
     "AnalysisOptions",
@@ -138,7 +142,6 @@ class RuleContext:
         module = self.before_optimizations
         if module is None or module.entry is None:
             return {}
-        from hlo_doctor.rules._suggest import argument_name
 
         names: dict[int, str] = {}
         for param in module.entry.parameters():
@@ -273,8 +276,6 @@ class RuleContext:
         is a placeholder, replaced in the finding's name, message, related names and evidence
         when the worker's findings come back: use it in findings only, not to decide anything.
         """
-        from hlo_doctor.graph.linking import twin_refs
-
         module = self.after_propagation
         if module is None or not keys:
             return {}
@@ -290,8 +291,6 @@ class RuleContext:
 
     def resolve_names(self, refs: dict[tuple[str, str], object]) -> dict[tuple[str, str], str]:
         """:meth:`partitioned_names` from the keys' TwinRefs."""
-        from hlo_doctor.graph.linking import link_modules, resolve_twin
-
         partitioned = self.partitioned
         if partitioned is None:
             return {}
@@ -315,16 +314,12 @@ class RuleContext:
     @cached_property
     def graph(self) -> DataflowGraph | None:
         """The dataflow graph of the per-device module."""
-        from hlo_doctor.graph.dataflow import build_graph
-
         module = self.per_device
         return build_graph(module) if module is not None else None
 
     @cached_property
     def dot_flops(self) -> float:
         """Per-device FLOPs of dots and convolutions per step (while bodies times their trip count)."""
-        from hlo_doctor.semantics.cost import module_flops
-
         module = self.per_device
         return sum(module_flops(module).values()) if module is not None else 0.0
 

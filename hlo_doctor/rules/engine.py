@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from hlo_doctor.errors import one_line
+from hlo_doctor.findings import Skip
+from hlo_doctor.fingerprint import with_fingerprint
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.registry import Registry
@@ -17,15 +18,6 @@ INTERNAL_ERROR = "internal-error"
 _CAUSES = "; it also causes "
 
 __all__ = ["INTERNAL_ERROR", "Skip", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
-
-
-@dataclass(frozen=True, slots=True)
-class Skip:
-    """A rule that did not judge a module, and why (shown with ``--verbose``)."""
-
-    rule: str
-    module: str
-    reason: str
 
 
 def select_rules(
@@ -49,9 +41,10 @@ def run_rules(ctx: RuleContext, rules: Sequence[Rule]) -> tuple[list[Finding], l
 
 
 def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
-    """One rule on ``ctx``: its findings, or why it could not judge the module."""
+    """One rule on ``ctx``: its findings (fingerprinted), or why it could not judge the module."""
     try:
-        return list(rule.check(ctx)), None
+        name = ctx.module.name
+        return [with_fingerprint(finding, name) for finding in rule.check(ctx)], None
     except RuleSkipped as skipped:
         return [], Skip(rule.id, ctx.module.key, skipped.reason)
     except Exception as error:  # noqa: BLE001 - one rule's bug must not end the run

@@ -84,7 +84,7 @@ def run_module_rules(
     if result is None:  # the worker failed: its rules run here
         outcomes.update({i: run_rule(ctx, rules[i]) for i in in_worker})
     else:
-        outcomes.update(zip(in_worker, _adopt(ctx, result)))
+        outcomes.update(zip(in_worker, _adopt(ctx, result), strict=False))
     return merge_outcomes((outcomes[i] for i in range(len(rules))), cause_ranks(rules), collective_names(ctx))
 
 

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import re
 
+from hlo_doctor._version import __version__
+from hlo_doctor.errors import ConfigurationError
+
 API_VERSION = "1.2"  # 1.1: Rule.reads; 1.2: RuleContext.semantics, Rule.cause_rank
 """The version of the rule-author API this hlo-doctor provides."""
 
@@ -31,7 +34,7 @@ _CLAUSE = re.compile(r"^\s*(~=|==|!=|<=|>=|<|>)?\s*(\S+?)\s*$")
 
 def _parse_version(text: str) -> tuple[int, ...]:
     if not _VERSION.match(text):
-        raise ValueError(f"{text!r} is not a version (digits separated by dots, like 1 or 1.0)")
+        raise ConfigurationError(f"{text!r} is not a version (digits separated by dots, like 1 or 1.0)")
     return tuple(int(part) for part in text.split("."))
 
 
@@ -45,19 +48,19 @@ def parse_requirement(requirement: str) -> list[tuple[str, tuple[int, ...]]]:
     Raises ValueError for text that is not a requirement.
     """
     if not isinstance(requirement, str) or not requirement.strip():
-        raise ValueError(f"{requirement!r} is not a version requirement")
+        raise ConfigurationError(f"{requirement!r} is not a version requirement")
     clauses = []
     for part in requirement.split(","):
         match = _CLAUSE.match(part)
         if match is None:
-            raise ValueError(f"{part.strip()!r} is not a version comparison")
+            raise ConfigurationError(f"{part.strip()!r} is not a version comparison")
         operator, version = match.group(1) or "", match.group(2)
         parsed = _parse_version(version)
         if operator == "~=" and len(parsed) < 2:
-            raise ValueError(f"'~={version}' needs at least MAJOR.MINOR")
+            raise ConfigurationError(f"'~={version}' needs at least MAJOR.MINOR")
         clauses.append((operator, parsed))
     if any(op == "" for op, _ in clauses) and len(clauses) > 1:
-        raise ValueError(f"{requirement!r}: a bare version cannot be combined with comparisons")
+        raise ConfigurationError(f"{requirement!r}: a bare version cannot be combined with comparisons")
     return clauses
 
 
@@ -91,7 +94,6 @@ def api_version_problem(rule: type) -> str | None:
         return f"{name}.api_version is not a valid requirement: {error}"
     if ok:
         return None
-    from hlo_doctor import __version__
 
     return (
         f"{name} needs rule-plugin API {requirement!r}, but hlo-doctor {__version__} provides API {API_VERSION}; "

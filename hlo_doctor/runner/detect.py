@@ -5,12 +5,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from hlo_doctor.errors import HloDoctorError
+
 JAX = "jax"
 TORCH_XLA = "torch_xla"
 FRAMEWORKS = (JAX, TORCH_XLA)
 
 
-class FrameworkError(ValueError):
+class FrameworkError(HloDoctorError, ValueError):
     """The framework could not be told from the script; pass it explicitly."""
 
 

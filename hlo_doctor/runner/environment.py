@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from hlo_doctor.errors import ConfigurationError
 from hlo_doctor.runner.detect import JAX, TORCH_XLA
 from hlo_doctor.runner.flags import DUMP_PASS_RE, merge_xla_flags
 
@@ -38,15 +39,15 @@ def build_env(
     ``JAX_PLATFORMS=cpu``, without which the CUDA plugin probes for a GPU.
     """
     if partitioner is not None and partitioner not in PARTITIONERS:
-        raise ValueError(f"unknown partitioner {partitioner!r}; expected shardy or gspmd")
+        raise ConfigurationError(f"unknown partitioner {partitioner!r}; expected shardy or gspmd")
     if partitioner is not None and framework != JAX:
-        raise ValueError("only JAX lets you choose the partitioner; torch_xla always uses GSPMD")
+        raise ConfigurationError("only JAX lets you choose the partitioner; torch_xla always uses GSPMD")
     if devices is not None and devices < 1:
-        raise ValueError(f"devices must be at least 1, got {devices}")
+        raise ConfigurationError(f"devices must be at least 1, got {devices}")
     if target is not None and framework != JAX:
-        raise ValueError("--target compiles JAX programs only; torch_xla needs a GPU")
+        raise ConfigurationError("--target compiles JAX programs only; torch_xla needs a GPU")
     if target is not None and devices is not None:
-        raise ValueError("--target sets the devices itself; drop --devices")
+        raise ConfigurationError("--target sets the devices itself; drop --devices")
 
     env = dict(base)
     ours: dict[str, str | None] = {
@@ -71,7 +72,7 @@ def build_env(
             env["CPU_NUM_DEVICES"] = str(devices)
         env["XLA_HLO_DEBUG"] = "1"
     else:
-        raise ValueError(f"unknown framework {framework!r}")
+        raise ConfigurationError(f"unknown framework {framework!r}")
     env["XLA_FLAGS"] = merge_xla_flags(base.get("XLA_FLAGS"), ours)
 
     if bootstrap_dir is not None:

@@ -10,6 +10,8 @@ import importlib.util
 import subprocess
 import sys
 
+from hlo_doctor.errors import HloDoctorError
+
 __all__ = ["EXTRAS", "MissingExtra", "extras_for", "missing_modules", "require_extras"]
 
 # extra (as pyproject spells it) -> the modules of it that the runner and the child import
@@ -21,7 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 
-class MissingExtra(RuntimeError):
+class MissingExtra(HloDoctorError, RuntimeError):
     """An extra the run needs is not installed; the message holds the pip command."""
 
 

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hlo_doctor.errors import ConfigurationError, HloDoctorError
+from hlo_doctor.examples import EXAMPLES, get_example
 from hlo_doctor.runner.detect import JAX, detect_framework, normalize_framework
+from hlo_doctor.runner.dump_dir import prepare_dump_dir as _prepare_dump_dir
 from hlo_doctor.runner.environment import build_env
 from hlo_doctor.runner.flags import merge_xla_flags
 from hlo_doctor.runner.sidecar import (
@@ -44,7 +47,7 @@ class RunResult:
     stderr_tail: tuple[str, ...]
 
 
-class RunError(RuntimeError):
+class RunError(HloDoctorError, RuntimeError):
     """The script exited non-zero; carries its exit code and the last lines of its stderr."""
 
     def __init__(self, command: Sequence[str], returncode: int, stderr_tail: Sequence[str],
@@ -57,16 +60,6 @@ class RunError(RuntimeError):
 
     def format_tail(self) -> str:
         return "\n".join(self.stderr_tail)
-
-
-def _prepare_dump_dir(dump_dir: Path) -> Path:
-    dump_dir = dump_dir.resolve()
-    if dump_dir.exists() and not dump_dir.is_dir():
-        raise ValueError(f"{dump_dir}: not a directory")
-    if dump_dir.is_dir() and any(dump_dir.iterdir()):
-        raise ValueError(f"{dump_dir}: dump folder is not empty; choose a new one")
-    dump_dir.mkdir(parents=True, exist_ok=True)
-    return dump_dir
 
 
 def _run_child(command: list[str], env: dict[str, str], *, echo: bool, echo_stderr: bool,
@@ -189,13 +182,11 @@ def run_example(
     ``target`` (``"a100:2x8"``) compiles it deviceless for that GPU cluster; an
     example that only makes sense on a GPU uses its first target by default.
     """
-    from hlo_doctor.examples import get_example
-
     example = get_example(name)
     framework = normalize_framework(framework)
     script = example.script(framework)
     if variant not in example.variants:
-        raise ValueError(
+        raise ConfigurationError(
             f"example {name!r} has variants {', '.join(example.variants)}; not {variant!r}"
         )
     if target is None and example.target_only:
@@ -208,10 +199,8 @@ def run_example(
     record: dict[str, str] = {"name": name, "variant": variant}
     if target is not None:
         if not example.targets:
-            from hlo_doctor.examples import EXAMPLES
-
             able = ", ".join(e.name for e in EXAMPLES if e.targets)
-            raise ValueError(f"example {name!r} does not compile for a deviceless target; "
+            raise ConfigurationError(f"example {name!r} does not compile for a deviceless target; "
                              f"these do: {able}")
         args += ["--devices", str(target.device_count),
                  "--devices-per-host", str(target.devices_per_host)]

@@ -37,12 +37,16 @@ Stacks list user frames only, innermost first: ``{"file", "line", "function"}``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from hlo_doctor.dump.options import CompileOptions
+from hlo_doctor.dump.textproto import TextprotoError, parse_textproto
 
 SCHEMA_VERSION = 1
 SIDECAR_NAME = "hlo_doctor_run.json"
@@ -65,10 +69,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 def installed_versions(framework: str) -> dict[str, str]:
     versions = {"python": sys.version.split()[0]}
     for name in ("hlo-doctor", *_VERSIONED.get(framework, ())):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name.replace("-", "_")] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return versions
 
 
@@ -121,8 +123,6 @@ def infer_partitioner(dump_dir: Path, framework: str) -> str | None:
 
 def read_device_assignments(dump_dir: Path) -> dict[str, list[int]]:
     """``module_NNNN.NAME`` -> device of each logical id, from the dump's ``*config.pbtxt``."""
-    from hlo_doctor.dump.options import CompileOptions
-    from hlo_doctor.dump.textproto import TextprotoError, parse_textproto
 
     found: dict[str, list[int]] = {}
     for path in sorted(dump_dir.glob("*config.pbtxt")):

@@ -46,11 +46,21 @@ Compute those pieces inside the jitted function, or on NumPy before
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from hlo_doctor.errors import HloDoctorError
+from hlo_doctor.runner._child import deviceless  # the deviceless compile, also run in-process
+from hlo_doctor.runner.dump_dir import prepare_dump_dir as _prepare_dump_dir
+from hlo_doctor.runner.environment import TPU_DEVICELESS_ENV
+from hlo_doctor.runner.flags import DUMP_PASS_RE
+from hlo_doctor.runner.sidecar import build_sidecar, write_sidecar
+from hlo_doctor.runner.tpu_targets import CHIPS, TpuTargetError, is_tpu_target_name, parse_tpu_target
+from hlo_doctor.runner.trim import trim_dump
 
 if TYPE_CHECKING:
     from hlo_doctor.runner.tpu_targets import TpuTarget
@@ -63,7 +73,7 @@ _MAX_DEVICES = 4096
 _ENUM_LIST_OPTIONS = frozenset({"xla_gpu_disable_async_collectives"})
 
 
-class TargetError(ValueError):
+class TargetError(HloDoctorError, ValueError):
     """A ``--target`` or ``--target-config`` value that cannot be used."""
 
 
@@ -138,8 +148,6 @@ class Target:
 
 
 def target_names() -> tuple[str, ...]:
-    from hlo_doctor.runner.tpu_targets import CHIPS
-
     return tuple(sorted(TARGET_SPECS)) + CHIPS
 
 
@@ -158,7 +166,6 @@ def parse_target(text: str | None, *, config_file: str | Path | None = None) -> 
     """
     if text is None and config_file is None:
         raise TargetError(f"give a target: one of {_choices()}")
-    from hlo_doctor.runner.tpu_targets import TpuTargetError, is_tpu_target_name, parse_tpu_target
 
     if text is not None and is_tpu_target_name(text):
         if config_file is not None:
@@ -235,13 +242,7 @@ def target_devices(target: str | Target | TpuTarget) -> list[Any]:
     """The compile-only JAX devices of a target, to build meshes for :func:`compile_for_target`."""
     target = parse_target(target) if isinstance(target, str) else target
     _use_cpu_platform()
-    from hlo_doctor.runner._child import deviceless
-
     if target.platform == "tpu":
-        import os
-
-        from hlo_doctor.runner.environment import TPU_DEVICELESS_ENV
-
         for name, value in TPU_DEVICELESS_ENV.items():
             os.environ.setdefault(name, value)  # read when libtpu loads
         return deviceless.tpu_topology_devices(target.topology_name, target.slices)
@@ -268,10 +269,6 @@ def compile_for_target(
     Runs in this process: jax must start with ``JAX_PLATFORMS=cpu`` (set here
     when jax has no backend yet). Writes ``hlo_doctor_run.json`` and trims the dump.
     """
-    from hlo_doctor.runner.flags import DUMP_PASS_RE
-    from hlo_doctor.runner.run import _prepare_dump_dir
-    from hlo_doctor.runner.sidecar import build_sidecar, write_sidecar
-    from hlo_doctor.runner.trim import trim_dump
 
     target = parse_target(target) if isinstance(target, str) else target
     devices = target_devices(target)
@@ -286,8 +283,6 @@ def compile_for_target(
             value = value.upper()  # XLA_FLAGS takes "allgather"; compiler_options "ALLGATHER"
         options[name] = value
     compiled = jax.jit(fn, **jit_kwargs).lower(*placed).compile(compiler_options=options)
-
-    from hlo_doctor.runner._child import deviceless
 
     events: list[dict[str, Any]] = [{
         "event": "target_devices", "devices": [deviceless.device_record(d) for d in devices],
@@ -325,8 +320,6 @@ def _retarget(leaf: Any, by_id: Mapping[int, Any]) -> Any:
     """A ShapeDtypeStruct whose NamedSharding's mesh uses the target's devices."""
     import jax
     import numpy as np
-
-    from hlo_doctor.runner._child import deviceless
 
     if not isinstance(leaf, jax.ShapeDtypeStruct):
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)):

@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hlo_doctor.errors import HloDoctorError
+
 PLATFORM = "tpu"
 CHIPS = ("v4", "v5e", "v5p", "v6e")
 # our chip name -> the topology name's prefix JAX/libtpu accept
@@ -51,7 +53,7 @@ _GRID = re.compile(r"\d+(?:x\d+){1,2}")
 _MAX_CHIPS = 8192
 
 
-class TpuTargetError(ValueError):
+class TpuTargetError(HloDoctorError, ValueError):
     """A TPU ``--target`` that cannot be used."""
 
 

@@ -37,7 +37,7 @@ from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, 
 from hlo_doctor.semantics.view import ModuleView
 
 if TYPE_CHECKING:
-    from hlo_doctor.rules.hardware import HardwareProfile
+    from hlo_doctor.semantics.hardware import HardwareProfile
 
 __all__ = [
     "ACTIVATION_ROLES",

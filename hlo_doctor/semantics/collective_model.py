@@ -180,9 +180,7 @@ def _slice_after(users: dict[str, list[Instruction]], name: str) -> str | None:
 
 def _operands(op: Collective, start: Instruction, computation) -> tuple[OperandFacts, ...]:
     names = start.operands
-    if op.kind == "collective-permute":
-        names = names[:1]
-    elif op.kind == "ragged-all-to-all":
+    if op.kind in ("collective-permute", "ragged-all-to-all"):
         names = names[:1]
     found = []
     for index, name in enumerate(names):

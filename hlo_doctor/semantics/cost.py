@@ -9,7 +9,7 @@ written as base-dilated convolutions meet one real input per batch dim); a
 GEMM library call (``__cublas$gemm``, ``__cublas$lt$matmul``) reads its
 contracting dims from ``gemm_backend_config``; a fusion counts the matmuls
 it fuses. Times are per device, at the profile's dense peak for the matmul's
-element type (:meth:`~hlo_doctor.rules.hardware.HardwareProfile.peak_for`).
+element type (:meth:`~hlo_doctor.semantics.hardware.HardwareProfile.peak_for`).
 
 **Collectives** take their ring wire bytes (:mod:`hlo_doctor.graph.collectives`)
 over the bandwidth of the link they use: across the slow boundary (hosts on
@@ -41,9 +41,9 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.semantics.execution import backend_config_json, walk
 
 if TYPE_CHECKING:
-    from hlo_doctor.rules.hardware import HardwareProfile
     from hlo_doctor.semantics import ModuleSemantics
     from hlo_doctor.semantics.collective_model import CollectiveFacts
+    from hlo_doctor.semantics.hardware import HardwareProfile
 
 __all__ = [
     "OVERLAPPABLE_ROLES",
@@ -114,7 +114,7 @@ def _convolution_flops(instruction: Instruction, computation: Computation) -> fl
     window = _window(instruction.attribute("window"))
     sizes = window.get("size") or spatial
     dilation = window.get("lhs_dilate") or [1] * len(sizes)
-    taps = math.prod(-(-size // max(dilate, 1)) for size, dilate in zip(sizes, dilation))
+    taps = math.prod(-(-size // max(dilate, 1)) for size, dilate in zip(sizes, dilation, strict=False))
     return 2.0 * result.num_elements * input_features * taps
 
 
@@ -154,8 +154,9 @@ def _computation_flops(module: HloModule, name: str, memo: dict[str, float]) -> 
     memo[name] = 0.0  # a cycle counts nothing
     computation = module.computation(name)
     total = 0.0
-    for inner in computation.instructions if computation is not None else ():
-        total += matmul_flops(inner, computation, module, memo)
+    if computation is not None:
+        for inner in computation.instructions:
+            total += matmul_flops(inner, computation, module, memo)
     memo[name] = total
     return total
 
@@ -165,7 +166,9 @@ def matmul_element_type(instruction: Instruction, computation: Computation, modu
     if instruction.opcode == "fusion" and module is not None:
         for name in instruction.called_computations:
             called = module.computation(name)
-            for inner in called.instructions if called is not None else ():
+            if called is None:
+                continue
+            for inner in called.instructions:
                 if inner.opcode in ("dot", "convolution", "custom-call", "fusion"):
                     found = matmul_element_type(inner, called, module)
                     if found:

@@ -20,6 +20,7 @@ Decided from what the program does with it, never from its name:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hlo_doctor.dump import Role
@@ -65,20 +66,20 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
     """The entry parameters of the per-device ``module`` by what they are."""
     entry = module.entry
     params = [p for p in entry.parameters() if p.parameter_number is not None] if entry is not None else []
-    scalars = frozenset(p.parameter_number for p in params if p.shape.is_tuple is False and p.shape.num_elements <= 1)
+    scalars = frozenset(_numbers(p for p in params if p.shape.is_tuple is False and p.shape.num_elements <= 1))
     donors = buffer_donors(view)
     state = (set(donors) | _aliased(view)) - scalars
     arrays = [p for p in params if p.parameter_number not in scalars and not p.shape.is_tuple]
     data: set[int] = set()
     for param in arrays:
         number = param.parameter_number
-        if number in state:
+        if number is None or number in state:
             continue
         if is_integer(param.shape.element_type) or donors:
             data.add(number)
     if not donors and state:
         # A training step that donates its state: what it does not update is its input.
-        data |= {p.parameter_number for p in arrays} - state
+        data |= _numbers(arrays) - state
     elif not donors:
         batch = analyze_batch(view, module, graph, per_device=True, require_sharded=False,
                               exclude=frozenset(state) | frozenset(data), follow=False)
@@ -87,10 +88,15 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
         state |= _updated(module, graph, params) - data - scalars
         if state:
             # A training step: what it does not update is its input (float targets, masks, features).
-            data |= {p.parameter_number for p in arrays} - state
-    names = {p.parameter_number: _name(p) for p in params}
-    weights = frozenset(p.parameter_number for p in arrays) - data
+            data |= _numbers(arrays) - state
+    names = {number: _name(p) for p in params if (number := p.parameter_number) is not None}
+    weights = frozenset(_numbers(arrays)) - data
     return EntryParameters(weights, frozenset(data), scalars, frozenset(state), names)
+
+
+def _numbers(params: Iterable[Instruction]) -> set[int]:
+    """The parameter numbers of ``params``."""
+    return {number for p in params if (number := p.parameter_number) is not None}
 
 
 def _name(param: Instruction) -> str:
@@ -113,7 +119,7 @@ def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction])
     """Parameters that reach an output of their own shape through elementwise update ops only."""
     entry = module.entry
     root = entry.root if entry is not None else None
-    if root is None:
+    if entry is None or root is None:
         return set()
     by_name = {p.name: p for p in params}
     outputs = [entry.get(n) for n in root.operands] if root.opcode == "tuple" else [root]
@@ -121,7 +127,8 @@ def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction])
     for output in outputs:
         if output is None or output.shape.is_tuple:
             continue
-        stack, seen = [output], set()
+        stack: list[Instruction] = [output]
+        seen: set[str] = set()
         while stack:
             current = stack.pop()
             if current.name in seen or len(seen) > 64:
@@ -129,8 +136,9 @@ def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction])
             seen.add(current.name)
             param = by_name.get(current.name)
             if param is not None:
-                if param.shape.dims == output.shape.dims and current is not output:
-                    found.add(param.parameter_number)
+                number = param.parameter_number
+                if param.shape.dims == output.shape.dims and current is not output and number is not None:
+                    found.add(number)
                 continue
             if current.opcode not in _UPDATE_OPS:
                 continue

@@ -174,26 +174,7 @@ class _Judge:
             return OperandRole("reshard", tuple(sorted(derived)),
                                "an all-to-all that moves the sharded dim of a value: a reshard")
         if kind == "collective-permute":
-            if _is_ring(facts.op.logical_groups) and len(facts.op.mesh_axes or ()) == 1:
-                # every device passes its block on around a cycle: a gather in pieces (XLA's windowed
-                # einsum / collective matmul), of a weight or of an activation
-                if not data:
-                    return OperandRole("weight-gather", tuple(sorted(weights)),
-                                       f"a ring rotation of the weights {self.names(weights)}: a gather in pieces")
-                if batch_dims:
-                    return OperandRole("activation-gather", tuple(sorted(data)),
-                                       "a ring rotation of data that carries the batch: an activation gathered in "
-                                       "pieces (a windowed einsum / collective matmul)")
-                return OperandRole("gradient-reduce", tuple(sorted(data)),
-                                   "a ring rotation of partial sums over the batch (its batch dim contracted): a "
-                                   "gradient reduce-scattered in pieces (a windowed einsum)")
-            stage = self.pipeline_stage(facts, operand) if data else None
-            if stage is not None:
-                return OperandRole("pipeline-send", tuple(sorted(data)),
-                                   f"the output of {stage} is sent to the next device and carried into the "
-                                   "next loop iteration: a pipeline stage's activation")
-            return OperandRole("reshard", tuple(sorted(derived)),
-                               "a collective-permute that moves a value between devices: a reshard")
+            return self.permute_role(facts, operand, data, weights, derived, bool(batch_dims))
         if kind == "all-gather":
             if facts.rematerialized:
                 return OperandRole("reshard", tuple(sorted(derived)),
@@ -230,6 +211,30 @@ class _Judge:
                                f"operand derives from the batch {self.names(data)} with its batch dim "
                                f"contracted{by}{of}")
         return OperandRole("other", tuple(sorted(derived)), f"a {kind}")
+
+    def permute_role(self, facts: CollectiveFacts, operand: OperandFacts, data: frozenset[int],
+                     weights: frozenset[int], derived: frozenset[int], batch_dims: bool) -> OperandRole:
+        """A collective-permute: a ring (a gather or reduction in pieces), a pipeline send or a reshard."""
+        if _is_ring(facts.op.logical_groups) and len(facts.op.mesh_axes or ()) == 1:
+            # every device passes its block on around a cycle: a gather in pieces (XLA's windowed
+            # einsum / collective matmul), of a weight or of an activation
+            if not data:
+                return OperandRole("weight-gather", tuple(sorted(weights)),
+                                   f"a ring rotation of the weights {self.names(weights)}: a gather in pieces")
+            if batch_dims:
+                return OperandRole("activation-gather", tuple(sorted(data)),
+                                   "a ring rotation of data that carries the batch: an activation gathered in "
+                                   "pieces (a windowed einsum / collective matmul)")
+            return OperandRole("gradient-reduce", tuple(sorted(data)),
+                               "a ring rotation of partial sums over the batch (its batch dim contracted): a "
+                               "gradient reduce-scattered in pieces (a windowed einsum)")
+        stage = self.pipeline_stage(facts, operand) if data else None
+        if stage is not None:
+            return OperandRole("pipeline-send", tuple(sorted(data)),
+                               f"the output of {stage} is sent to the next device and carried into the "
+                               "next loop iteration: a pipeline stage's activation")
+        return OperandRole("reshard", tuple(sorted(derived)),
+                           "a collective-permute that moves a value between devices: a reshard")
 
     # -- neighbourhoods -------------------------------------------------------
     def _walk(self, start: NodeKey, *, forward: bool, limit: int = _HOPS, most: int = 512):
@@ -422,13 +427,13 @@ def assign_roles(
     phases = _phases(graph, params, judged)
     return tuple(
         CollectiveRole(facts, main.role, phase, main.parameters, main.reason, operands)
-        for (facts, main, operands), phase in zip(judged, phases)
+        for (facts, main, operands), phase in zip(judged, phases, strict=False)
     )
 
 
 def _phases(graph: DataflowGraph, params: EntryParameters, judged) -> list[str]:
-    gradient_results = [graph.id_of(f.result_key) for f, main, _ in judged if main.role == "gradient-reduce"]
-    gradient_results = [n for n in gradient_results if n is not None]
+    gradient_ids = [graph.id_of(f.result_key) for f, main, _ in judged if main.role == "gradient-reduce"]
+    gradient_results = [n for n in gradient_ids if n is not None]
     optimizer = graph.reach_ids(gradient_results, forward=True) - set(gradient_results) if gradient_results else set()
     losses = _loss_nodes(graph, params)
     forward = graph.reach_ids(losses, forward=False) if losses else None
@@ -456,7 +461,7 @@ def _loss_nodes(graph: DataflowGraph, params: EntryParameters) -> list[int]:
     """The step's float scalar outputs derived from the data (its loss)."""
     entry = graph.module.entry
     root = entry.root if entry is not None else None
-    if root is None:
+    if entry is None or root is None:
         return []
     names = root.operands if root.opcode == "tuple" else (root.name,)
     local = graph.computation_ids(entry.name)

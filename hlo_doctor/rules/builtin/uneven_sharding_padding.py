@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from math import gcd
 
 from hlo_doctor.graph.sharding import layouts
 from hlo_doctor.hlo.ir import Computation, Instruction, ShardingKind
@@ -198,8 +199,6 @@ class UnevenShardingPadding(Rule):
 
 
 def _lcm(a: int, b: int) -> int:
-    from math import gcd
-
     return a * b // gcd(a, b) if a and b else max(a, b)
 
 

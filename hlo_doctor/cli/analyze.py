@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from hlo_doctor.cli_common import (
+from hlo_doctor.cli.common import (
     analysis_options,
     effective_config,
     ids,
@@ -14,6 +14,8 @@ from hlo_doctor.cli_common import (
     load_rules,
     strict_plugins_option,
 )
+from hlo_doctor.cli.output import OutputOptions, analyze_or_exit, failures_as_json, write_report
+from hlo_doctor.rules.docs import rule_markdown
 
 
 @click.command("analyze")
@@ -35,8 +37,6 @@ def analyze_command(dump, devices_per_host, hardware, select, ignore, config_fil
       hlo-doctor analyze ./dump --hardware h100 --devices-per-host 8
       hlo-doctor analyze ./dump --format html -o report.html
     """
-    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
-
     out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)
     with failures_as_json(dump, out):
@@ -58,8 +58,6 @@ def rules_command(rule_id, strict_plugins):
     (`plugin NAME==VERSION`). Plugins that could not be loaded are reported on
     stderr; with --strict-plugins they make the command exit 2.
     """
-    from hlo_doctor.rules.docs import rule_markdown
-
     registry = load_rules(strict_plugins)
     for error in registry.errors:
         click.echo(f"warning: rule plugin {error.entry_point} ({error.origin}) not loaded: {error.message}", err=True)
@@ -74,4 +72,4 @@ def rules_command(rule_id, strict_plugins):
             for spec in (registry.rules[i] for i in registry.ids())]
     widths = [max((len(r[c]) for r in rows), default=0) for c in range(3)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3])
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=False)) + "  " + row[3])

@@ -9,6 +9,9 @@ any file the dump names.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,13 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hlo_doctor import __version__
-from hlo_doctor.cli_common import emit, fail, run_analysis
+from hlo_doctor._version import __version__
+from hlo_doctor.cli.common import emit, fail, run_analysis
 from hlo_doctor.errors import InputError
+from hlo_doctor.hlo import ParseError
+from hlo_doctor.report import render
+from hlo_doctor.report.json import SCHEMA_VERSION
+from hlo_doctor.report.source import SourcePolicy
+from hlo_doctor.report.text import render_statistics
 
 if TYPE_CHECKING:
-    from hlo_doctor.analysis import Report
     from hlo_doctor.config import Config
+    from hlo_doctor.findings import Report
 
 __all__ = ["OutputOptions", "analyze_or_exit", "failures_as_json", "write_report"]
 
@@ -39,8 +47,6 @@ class OutputOptions:
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> OutputOptions:
         """The output options taken out of a command's keyword arguments."""
-        import dataclasses
-
         return cls(**{f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.name in options})
 
 
@@ -48,16 +54,12 @@ class OutputOptions:
 def failures_as_json(dump: str, out: OutputOptions) -> Iterator[None]:
     """Unusable input (a bad config value, an unreadable dump) ends the command with exit 2;
     with ``--format json`` a document holding the error is printed first."""
-    from hlo_doctor.hlo import ParseError
-
     try:
         yield
     except (InputError, ParseError) as error:
         if out.output_format == "json":
-            try:
+            with contextlib.suppress(InputError):  # -o cannot be written: the line below says why the run failed
                 emit(failure_document(dump, str(error)), out.output)
-            except InputError:
-                pass  # -o cannot be written: the one line below says why the run failed
         fail(error)
 
 
@@ -72,10 +74,6 @@ def analyze_or_exit(dump: str, config: Config, verbose: bool, registry, jobs: in
 
 def failure_document(dump: str, message: str) -> str:
     """The JSON report (schema version 1) of a dump that could not be analyzed at all."""
-    import json
-
-    from hlo_doctor.report.json import SCHEMA_VERSION
-
     document = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "hlo-doctor", "version": __version__},
@@ -92,9 +90,6 @@ def failure_document(dump: str, message: str) -> str:
 
 def write_report(report: Report, out: OutputOptions) -> None:
     """Render ``report`` as ``out`` asks, to stdout or (atomically) to ``out.output``."""
-    from hlo_doctor.report import render
-    from hlo_doctor.report.source import SourcePolicy
-    from hlo_doctor.report.text import render_statistics
 
     if out.statistics:
         emit(render_statistics(report), out.output)

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.config import Config, load_config
 from hlo_doctor.errors import InputError
+from hlo_doctor.files import write_atomically
+from hlo_doctor.hlo import ParseError
+from hlo_doctor.report.safe import plain
+from hlo_doctor.rules import discover, select_rules
+from hlo_doctor.semantics.hardware import profile_names
 
 FORMATS = ("text", "json", "sarif", "markdown", "github", "html")
 
@@ -30,8 +37,6 @@ strict_plugins_option = click.option(
 
 def load_rules(strict_plugins: bool = False):
     """Discover the rules; with ``strict_plugins``, a plugin that was not loaded ends the command (exit 2)."""
-    from hlo_doctor.rules import discover
-
     registry = discover()
     if strict_plugins and registry.errors:
         for error in registry.errors:
@@ -82,8 +87,6 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def effective_config(config_file: Path | None, registry=None, **overrides: Any) -> Config:
     """The file's configuration (validated against the installed rules, or ``registry``'s) with flags on top."""
-    from hlo_doctor.rules import discover
-
     registry = registry if registry is not None else discover()
     known = {rule_id: registry.rules[rule_id].rule.Options for rule_id in registry.ids()}
     config = load_config(config_file, rule_options=known)
@@ -93,8 +96,6 @@ def effective_config(config_file: Path | None, registry=None, **overrides: Any) 
             if unknown:
                 raise InputError(f"unknown rule id '{unknown[0]}' (known: {', '.join(sorted(known))})")
     if overrides.get("hardware"):
-        from hlo_doctor.rules.hardware import profile_names
-
         name = overrides["hardware"]
         if name not in profile_names() and not Path(name).is_file():
             raise InputError(f"unknown hardware '{name}' (choose {', '.join(profile_names())} or a JSON file)")
@@ -105,8 +106,6 @@ def effective_config(config_file: Path | None, registry=None, **overrides: Any) 
 
 def warn_if_no_rule(config: Config, registry) -> None:
     """A warning on stderr when select and ignore together leave no rule to run."""
-    from hlo_doctor.rules import select_rules
-
     if (config.select.value or config.ignore.value) and not select_rules(registry, config.select.value,
                                                                          config.ignore.value):
         click.echo(f"warning: select ({config.select.origin}) and ignore ({config.ignore.origin}) leave no rule "
@@ -115,8 +114,6 @@ def warn_if_no_rule(config: Config, registry) -> None:
 
 def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: int | None = None):
     """``analyze_dump`` with the effective configuration (and ``registry``'s rules) and a progress bar on a terminal."""
-    from hlo_doctor.analysis import analyze_dump
-
     with Progress() as progress:
         return analyze_dump(
             dump,
@@ -138,15 +135,12 @@ def emit(text: str, output: str | None) -> None:
     if output is None:
         click.echo(text, nl=False)
         return
-    from hlo_doctor.report.files import write_atomically
 
     write_atomically(Path(output), text)
 
 
 def fail(error: Exception) -> None:
     """One line on stderr (made plain: it may quote the dump) and exit 2."""
-    from hlo_doctor.report.safe import plain
-
     click.echo(f"error: {plain(error)}", err=True)
     sys.exit(2)
 
@@ -156,8 +150,6 @@ def input_errors_exit_2(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from hlo_doctor.hlo import ParseError
-
         try:
             return command(*args, **kwargs)
         except (InputError, ParseError) as error:
@@ -177,8 +169,6 @@ class Progress:
     DELAY = 1.0
 
     def __init__(self) -> None:
-        import threading
-
         self._lock = threading.Lock()
         self._bar = None
         self._task = None
@@ -187,8 +177,6 @@ class Progress:
         self._state: tuple[int, int | None, str] = (0, None, "")
 
     def __enter__(self):
-        import threading
-
         if not sys.stderr.isatty():
             return None
         self._timer = threading.Timer(self.DELAY, self._start)
@@ -215,8 +203,6 @@ class Progress:
                 self._show()
 
     def _show(self) -> None:
-        from hlo_doctor.report.safe import plain
-
         done, total, module = self._state
         self._bar.update(self._task, completed=done, total=total,
                          description=f"reading and analyzing {plain(module)}" if module else "reading the dump")

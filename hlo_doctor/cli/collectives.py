@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from io import StringIO
 
 import click
 
-from hlo_doctor.cli_common import input_errors_exit_2
+from hlo_doctor.cli.common import input_errors_exit_2
+from hlo_doctor.dump import load_dump
 from hlo_doctor.errors import InputError
+from hlo_doctor.report.safe import plain
+from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+from hlo_doctor.semantics.inventory import inventory_document, module_rows, totals_by_role
 from hlo_doctor.units import format_bytes
 
 
@@ -31,9 +36,6 @@ def collectives_command(dump: str, output_format: str, devices_per_host: int | N
       hlo-doctor collectives ./dump
       hlo-doctor collectives ./dump --devices-per-host 8 --format json
     """
-    from hlo_doctor.dump import load_dump
-    from hlo_doctor.rules.context import AnalysisOptions, RuleContext
-    from hlo_doctor.semantics.inventory import inventory_document, module_rows
 
     loaded = load_dump(dump)
     modules = [m for m in loaded.modules if module_name in (None, m.name, m.key)]
@@ -59,14 +61,9 @@ def collectives_command(dump: str, output_format: str, devices_per_host: int | N
 
 def render_inventory(inventories) -> str:  # noqa: ANN001
     """The text form: per module, a table sorted by bytes per step, then totals by role."""
-    from io import StringIO
-
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-
-    from hlo_doctor.report.safe import plain
-    from hlo_doctor.semantics.inventory import totals_by_role
 
     def safe(value: object) -> str:  # text from the dump: no control characters, no rich markup
         return escape(plain(value))

@@ -1,14 +1,10 @@
-"""The ``hlo-doctor`` command line: thin click commands over the library.
-
-Each command lives next to the stage it drives and is registered here.
-Errors in the user's input are reported as one line on stderr with exit 2.
-"""
+"""The ``hlo-doctor`` command group; the commands are added in :mod:`hlo_doctor.cli.commands`."""
 
 from __future__ import annotations
 
 import click
 
-from hlo_doctor import __version__
+from hlo_doctor._version import __version__
 
 INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it; 1 means "findings" to ``check``."""
@@ -29,16 +25,3 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="hlo-doctor")
 def main() -> None:
     """Diagnose sharding problems in XLA SPMD programs from HLO dumps."""
-
-
-def _register() -> None:
-    from hlo_doctor.commands import register_all
-
-    register_all(main)
-
-
-_register()
-
-
-if __name__ == "__main__":  # python -m hlo_doctor.cli (venvs without the console script)
-    main()

@@ -22,7 +22,16 @@ from dataclasses import dataclass
 
 import click
 
+from hlo_doctor.dump import load_dump
 from hlo_doctor.errors import InputError, one_line
+from hlo_doctor.graph.dataflow import build_graph
+from hlo_doctor.graph.linking import link_modules
+from hlo_doctor.graph.provenance import MeshSpec, explain, find_annotations, mesh_from_run_record
+from hlo_doctor.graph.sharding import device_tile_indices, shard_shape, tiles_per_dim
+from hlo_doctor.graph.shardy_origins import find_origins_file, read_origins
+from hlo_doctor.graph.source import user_frame_of
+from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.report.safe import plain, plain_block
 
 __all__ = ["Lookup", "ModuleContext", "explain_command", "load_context", "lookup", "provenance_json", "show_command"]
 
@@ -42,10 +51,6 @@ class ModuleContext:
 
 
 def load_context(dump_module, run_record) -> ModuleContext:
-    from hlo_doctor.graph.dataflow import build_graph
-    from hlo_doctor.graph.linking import link_modules
-    from hlo_doctor.graph.provenance import MeshSpec, annotations, mesh_from_run_record
-    from hlo_doctor.graph.shardy_origins import find_origins_file, read_origins
 
     after = dump_module.after_propagation()
     if after is None:
@@ -74,13 +79,11 @@ def load_context(dump_module, run_record) -> ModuleContext:
         shardy = read_origins(path, module)
     return ModuleContext(
         dump_module, graph, before, before_link, partition_link,
-        annotations(graph, before, before_link), mesh, shardy,
+        find_annotations(graph, before, before_link), mesh, shardy,
     )
 
 
 def _load(dump: str, module_name: str | None):
-    from hlo_doctor.dump import load_dump
-
     loaded = load_dump(dump)
     modules = list(loaded.modules)
     if module_name is not None:
@@ -136,8 +139,6 @@ def provenance_json(result) -> dict:
 
 
 def _fail(error: Exception) -> None:
-    from hlo_doctor.report.safe import plain
-
     click.echo(f"error: {plain(one_line(str(error)))}", err=True)
     sys.exit(2)
 
@@ -191,8 +192,6 @@ def lookup(context: ModuleContext, op: str) -> Lookup | None:
 
 
 def _explain_lookups(dump: str, op: str, module_name: str | None):
-    from hlo_doctor.graph.provenance import explain
-
     loaded, modules = _load(dump, module_name)
     results = []
     for dump_module in modules:
@@ -221,8 +220,6 @@ def explain_command(dump: str, op: str, module_name: str | None, output_format: 
     OP is a name after propagation, or one of the after-partitioning names
     findings print (then the op it came from is explained).
     """
-    from hlo_doctor.hlo.errors import ParseError
-    from hlo_doctor.report.safe import plain
 
     try:
         results = _explain_lookups(dump, op, module_name)
@@ -256,8 +253,6 @@ def explain_command(dump: str, op: str, module_name: str | None, output_format: 
 
 def _rows(context: ModuleContext) -> list[dict]:
     """show's table: every op after propagation with its shardings, per-device shape and source line."""
-    from hlo_doctor.graph.source import user_frame_of
-
     graph = context.graph
     before_names = {v: k for k, v in context.before_link.forward.items()} if context.before_link is not None else {}
     rows = []
@@ -280,8 +275,6 @@ def _rows(context: ModuleContext) -> list[dict]:
 
 
 def _per_device(instruction) -> str:
-    from hlo_doctor.graph.sharding import shard_shape
-
     sharding = instruction.sharding
     if sharding is None or instruction.shape.is_tuple or sharding.is_tuple:
         return ""
@@ -304,8 +297,6 @@ def show_command(dump: str, module_name: str | None, op: str | None, output_form
     from rich.table import Table
     from rich.text import Text
 
-    from hlo_doctor.hlo.errors import ParseError
-    from hlo_doctor.report.safe import plain, plain_block
 
     console = Console(highlight=False)
     documents = []
@@ -366,8 +357,6 @@ def show_command(dump: str, module_name: str | None, op: str | None, output_form
 
 def split_cells(instruction) -> list[dict]:
     """Which devices hold which slice of each dim: ``[{"slice": ["0:40", "0:1280"], "devices": [0]}, ...]``."""
-    from hlo_doctor.graph.sharding import device_tile_indices, tiles_per_dim
-
     sharding = instruction.sharding
     shape = instruction.shape
     if sharding is None or shape.is_tuple or sharding.is_tuple:
@@ -381,7 +370,7 @@ def split_cells(instruction) -> list[dict]:
     out = []
     for index in sorted(cells):
         ranges = []
-        for size, t, i in zip(dims, tiles, index):
+        for size, t, i in zip(dims, tiles, index, strict=False):
             step = -(-size // t)
             ranges.append(f"{i * step}:{min(size, (i + 1) * step)}")
         out.append({"slice": ranges, "devices": cells[index]})
@@ -390,8 +379,6 @@ def split_cells(instruction) -> list[dict]:
 
 def render_split(instruction) -> str:
     """Text picture of which devices hold which slice of each dim, any rank."""
-    from hlo_doctor.graph.sharding import tiles_per_dim
-
     sharding = instruction.sharding
     shape = instruction.shape
     if sharding is None or shape.is_tuple or sharding.is_tuple:

@@ -16,7 +16,9 @@ import sys
 
 import click
 
+from hlo_doctor.dump.folder import Dump, Snapshot, load_dump
 from hlo_doctor.errors import InputError, one_line
+from hlo_doctor.hlo.errors import ParseError
 
 
 @click.command("ls")
@@ -37,8 +39,6 @@ from hlo_doctor.errors import InputError, one_line
 )
 def ls_command(dump: str, output_format: str, parse: bool) -> None:
     """List the modules and pass snapshots in DUMP (a dump folder or one HLO file)."""
-    from hlo_doctor.dump.folder import load_dump
-    from hlo_doctor.hlo.errors import ParseError
 
     try:
         loaded = load_dump(dump)
@@ -61,8 +61,6 @@ def ls_command(dump: str, output_format: str, parse: bool) -> None:
 
 
 def _inventory(loaded: object) -> dict[str, object]:
-    from hlo_doctor.dump.folder import Dump
-
     assert isinstance(loaded, Dump)
     modules = []
     for module in loaded.modules:
@@ -106,8 +104,6 @@ def _inventory(loaded: object) -> dict[str, object]:
 
 
 def _count(snapshot: object) -> int | None:
-    from hlo_doctor.dump.folder import Snapshot
-
     assert isinstance(snapshot, Snapshot)
     if not snapshot.parsed:
         return None

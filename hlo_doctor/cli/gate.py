@@ -6,12 +6,13 @@ remains, 1 when something does, 2 on usage or input errors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import click
 
-from hlo_doctor.cli_common import (
+from hlo_doctor.cli.common import (
     analysis_options,
     effective_config,
     emit,
@@ -19,9 +20,18 @@ from hlo_doctor.cli_common import (
     input_errors_exit_2,
     load_rules,
 )
+from hlo_doctor.cli.output import OutputOptions, analyze_or_exit, failures_as_json, write_report
 from hlo_doctor.config import SEVERITIES
+from hlo_doctor.findings import Severity
+from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
+from hlo_doctor.gate.diff import diff_dumps
+from hlo_doctor.report.diff import (
+    render_diff_json,
+    render_diff_markdown,
+    render_diff_text,
+)
 from hlo_doctor.report.safe import plain
-from hlo_doctor.rules.base import Severity
+from hlo_doctor.rules import discover
 
 
 @click.command("check")
@@ -43,10 +53,6 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
       hlo-doctor check ./dump --write-baseline hlo-baseline.json
       hlo-doctor check ./dump --baseline hlo-baseline.json --format sarif -o hlo.sarif
     """
-    import dataclasses
-
-    from hlo_doctor.cli_report import OutputOptions, analyze_or_exit, failures_as_json, write_report
-    from hlo_doctor.gate.baseline import apply_baseline, read_baseline, write_baseline
 
     out = OutputOptions.pop_from(output)
     registry = load_rules(strict_plugins)
@@ -101,7 +107,6 @@ def config_command(config_file, output_format):
         ("ignore-ops", list(config.ignore_ops.value), config.ignore_ops.origin),
         ("fail-on", config.fail_on.value, config.fail_on.origin),
     ]
-    from hlo_doctor.rules import discover
 
     registry = discover()
     for rule_id in registry.ids():
@@ -144,12 +149,6 @@ def diff_command(before, after, output_format, output, max_comm_increase, device
     Exits 1 when new findings appear or collective bytes grow by more than
     --max-comm-increase percent; 0 otherwise; 2 on input errors.
     """
-    from hlo_doctor.gate.diff import diff_dumps
-    from hlo_doctor.report.diff import (
-        render_diff_json,
-        render_diff_markdown,
-        render_diff_text,
-    )
 
     config = effective_config(config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host)
     diff = diff_dumps(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -11,12 +9,13 @@ from pathlib import Path
 
 import click
 
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.examples import EXAMPLES, get_example
+from hlo_doctor.report.text import render_text
 from hlo_doctor.runner.detect import FrameworkError, detect_framework
 from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
 from hlo_doctor.runner.run import RunError, RunResult, run_example, run_script
 from hlo_doctor.runner.targets import TARGET_SPECS, TargetError, parse_target
-
-_ANALYSIS_MODULE = "hlo_doctor.analysis"
 
 
 def _split_command(command: tuple[str, ...]) -> tuple[str | None, str, list[str]]:
@@ -64,13 +63,8 @@ def _summarize(result: RunResult) -> None:
 
 
 def _analyze(dump_dir: Path) -> None:
-    if importlib.util.find_spec(_ANALYSIS_MODULE) is None:
-        click.echo("analysis not available")
-        click.echo(f"dump: {dump_dir}")
-        return
-    report = importlib.import_module(_ANALYSIS_MODULE).analyze_dump(dump_dir)
-    if report is not None:
-        click.echo(report)
+    report = analyze_dump(dump_dir)
+    click.echo(render_text(report, color=False, width=100).rstrip("\n"))
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
@@ -123,7 +117,6 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
         if example is not None:
             if command or devices is not None or devices_per_host is not None:
                 raise click.UsageError("--example takes no script, --devices or --devices-per-host")
-            from hlo_doctor.examples import get_example
 
             entry = get_example(example)
             framework = framework or entry.frameworks[0]
@@ -167,8 +160,6 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
 @click.command("examples")
 def examples_command():
     """List the example gallery: one example per line."""
-    from hlo_doctor.examples import EXAMPLES
-
     width = max(len(e.name) for e in EXAMPLES)
     for e in EXAMPLES:
         click.echo(

@@ -1,0 +1,161 @@
+"""The findings model: what an analysis produces and every output format renders.
+
+* :class:`Finding`: a frozen, slotted record: rule, severity, module,
+  instruction, dump file:line, the user's source line, the message, the
+  suggestion and the evidence numbers. Output formats only render findings.
+* :class:`Skip`: a rule that did not judge a module, and why.
+* :class:`Report`: what :func:`hlo_doctor.analysis.analyze_dump` found, with
+  :class:`ModuleSummary` per module and :class:`ReportError` per thing that
+  could not be analyzed.
+
+This module imports nothing else of hlo-doctor's but its version: the rules
+(:mod:`hlo_doctor.rules`) make these records, the analysis collects them,
+and the report formats (:mod:`hlo_doctor.report`) and the CI gate
+(:mod:`hlo_doctor.gate`) read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hlo_doctor._version import __version__
+
+__all__ = [
+    "Finding",
+    "ModuleSummary",
+    "Report",
+    "ReportError",
+    "Severity",
+    "Skip",
+    "SourceRef",
+    "Suggestion",
+]
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 0, "warning": 1, "info": 2}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """A line of the user's program: the innermost frame outside the frameworks."""
+
+    file: str
+    line: int
+    function: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """What to do: a one-line summary and code for each framework (None: no code)."""
+
+    summary: str
+    jax: str | None = None
+    torch_xla: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem found in one module.
+
+    ``instruction`` is the name in the after-partitioning snapshot where one
+    exists (else in the snapshot named by ``file``); ``related`` names the
+    other instructions involved, in any snapshot. ``file``/``line`` point
+    into the dump; ``source`` at the user's program (None when the dump has
+    no location). ``evidence`` holds the numbers behind the message.
+    """
+
+    rule: str
+    severity: Severity
+    module: str
+    message: str
+    instruction: str | None = None
+    related: tuple[str, ...] = ()
+    file: str | None = None
+    line: int | None = None
+    source: SourceRef | None = None
+    suggestion: Suggestion | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    # Stable across recompiles (see hlo_doctor.fingerprint); op_name for ignore-ops.
+    fingerprint: str = field(default="", compare=False)
+    op_name: str | None = field(default=None, compare=False)
+    # The user's line and what identifies the op beyond its name (op_name | opcode | shape |
+    # sharding), as Rule.finding saw them; the engine turns it into ``fingerprint`` once the
+    # rule has run. None: a finding made directly, fingerprinted from its message.
+    signature: str | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def sort_key(self) -> tuple:
+        return (self.module, self.file or "", self.line or 0, self.rule, self.instruction or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A rule that did not judge a module, and why (shown with ``--verbose``)."""
+
+    rule: str
+    module: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReportError:
+    """Something that could not be analyzed: a file, a module or a plugin; one line."""
+
+    path: str
+    message: str
+    module: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSummary:
+    id: int | None
+    name: str
+    key: str
+    partitioner: str
+    num_partitions: int | None
+    snapshots: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+    collectives: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
+    """kind -> (count, bytes of data per device per step)"""
+    framework: str | None = None
+    """``jax``, ``torch_xla`` or None when the dump does not say"""
+
+
+@dataclass
+class Report:
+    """What :func:`~hlo_doctor.analysis.analyze_dump` found. Formats in :mod:`hlo_doctor.report` render it."""
+
+    dump: str
+    modules: tuple[ModuleSummary, ...]
+    findings: tuple[Finding, ...]
+    errors: tuple[ReportError, ...] = ()
+    skipped: tuple[Skip, ...] = ()
+    rules: tuple[str, ...] = ()
+    hardware: str | None = None
+    tool_version: str = __version__
+    verbose: bool = False
+    devices_per_host: int | None = None
+    program: str | None = None
+    """the runner's program (the script it ran), when the dump has its record"""
+    baselined: tuple[Finding, ...] | None = None
+    """findings a baseline accepted, left out of ``findings`` (None: no baseline was applied)"""
+
+    def __str__(self) -> str:
+        """One line per finding and a count; :func:`hlo_doctor.report.render` gives the full reports."""
+        lines = []
+        for finding in self.findings:
+            where = f"{finding.file}:{finding.line}" if finding.file and finding.line else finding.module
+            lines.append(f"{where}: {finding.severity.value} {finding.rule} {finding.message}")
+        count = len(self.findings)
+        lines.append(f"{count} finding{'s' if count != 1 else ''} in {self.dump}")
+        return "\n".join(lines)

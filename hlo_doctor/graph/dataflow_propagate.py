@@ -1,0 +1,216 @@
+"""Dataflow order and forward propagation over a :class:`~hlo_doctor.graph.dataflow_graph.DataflowGraph`."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from hlo_doctor._gc import paused_gc
+from hlo_doctor.hlo.ir import (
+    Computation,
+    Instruction,
+)
+
+if TYPE_CHECKING:
+
+    from hlo_doctor.graph.dataflow_graph import DataflowGraph
+
+
+__all__ = ["dataflow_order", "propagate_forward"]
+
+# Opcodes whose called computations exchange values with the caller.
+_CALLERS = frozenset(
+    {"fusion", "while", "call", "conditional", "async-start", "async-update", "async-done"}
+)
+# Tuple-shaped ops whose result element i is computed from operand i alone.
+_ELEMENTWISE_TUPLE = frozenset({"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"})
+
+
+# --------------------------------------------------------------------------
+# Entry-parameter bitsets. A value is an int bitset, or a tuple of values
+# (one per tuple element).
+
+
+def _flatten(value) -> int:
+    if isinstance(value, int):
+        return value
+    bits = 0
+    for element in value:
+        bits |= _flatten(element)
+    return bits
+
+
+def _join(a, b):
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return tuple(_join(x, y) for x, y in zip(a, b, strict=False))
+    if a == 0:
+        return b
+    if b == 0:
+        return a
+    return _flatten(a) | _flatten(b)
+
+
+def _bits_to_indices(bits: int) -> Iterator[int]:
+    index = 0
+    while bits:
+        if bits & 1:
+            yield index
+        bits >>= 1
+        index += 1
+
+
+def dataflow_order(graph: DataflowGraph) -> list[int]:
+    """Node ids in dataflow order: a callee's body comes right before its first caller."""
+    module = graph.module
+    computations = {c.name: c for c in module.computations}
+    order: list[int] = []
+    done: set[str] = set()
+
+    def visit(computation: Computation) -> None:
+        done.add(computation.name)
+        stack: list[tuple[Computation, int]] = [(computation, 0)]
+        while stack:
+            comp, index = stack.pop()
+            instructions = comp.instructions
+            local = graph.computation_ids(comp.name)
+            while index < len(instructions):
+                instruction = instructions[index]
+                if instruction.opcode in _CALLERS:
+                    pending = [
+                        computations[c]
+                        for c in instruction.called_computations
+                        if c in computations and c not in done
+                    ]
+                    if pending:
+                        stack.append((comp, index))
+                        for callee in reversed(pending):
+                            done.add(callee.name)
+                            stack.append((callee, 0))
+                        break
+                    order.append(local[instruction.name])
+                    index += 1
+                    continue
+                # A run of instructions that call nothing: in one step.
+                end = index + 1
+                while end < len(instructions) and instructions[end].opcode not in _CALLERS:
+                    end += 1
+                first = local[instruction.name]
+                order.extend(range(first, first + end - index))
+                index = end
+
+    entry = module.entry
+    if entry is not None:
+        visit(entry)
+    for computation in module.computations:
+        if computation.name not in done:
+            visit(computation)
+    return order
+
+
+def propagate_forward(
+    graph: DataflowGraph, compute: Callable[[int], object], values: list, start: Iterable[int] | None = None
+) -> list[int]:
+    """Fill ``values`` (a list by node id) forward through ``graph`` to a fixpoint.
+
+    The nodes in ``start`` (every node when None), and every node that reads
+    a value that changes, get ``values[node] = compute(node)``: once each, in
+    dataflow order, after what they read. A value that reaches a node placed
+    earlier (a loop's back edge, a callee called from several places) queues
+    that node again, in dataflow order, until nothing changes: ``compute``
+    must only ever grow values, so this ends. Returns the nodes computed, in
+    the order they were (a node computed again appears again).
+    """
+    position = graph.dataflow_position
+    targets_of = graph.targets_of
+    count = len(graph.instruction_at)
+    if start is None:
+        dirty = bytearray(b"\x01") * count
+    else:
+        dirty = bytearray(count)
+        for node in start:
+            dirty[node] = 1
+    computed: list[int] = []
+    back: set[int] = set()
+    for node in graph.dataflow_order:
+        if not dirty[node]:
+            continue
+        new = compute(node)
+        computed.append(node)
+        if new != values[node]:
+            values[node] = new
+            here = position[node]
+            for target in targets_of(node):
+                if position[target] > here:
+                    dirty[target] = 1
+                else:
+                    back.add(target)
+    heap = [(position[node], node) for node in back]
+    heapq.heapify(heap)
+    while heap:
+        _, node = heapq.heappop(heap)
+        back.discard(node)
+        new = compute(node)
+        computed.append(node)
+        if new != values[node]:
+            values[node] = new
+            for target in targets_of(node):
+                if target not in back:
+                    back.add(target)
+                    heapq.heappush(heap, (position[target], target))
+    return computed
+
+
+def _propagate_params(graph: DataflowGraph) -> list:
+    with paused_gc():
+        return _propagate(graph)
+
+
+def _propagate(graph: DataflowGraph) -> list:
+    entry = graph.module.entry
+    entry_name = entry.name if entry else None
+    entry_ids = graph.computation_range(entry_name) if entry_name is not None else range(0)
+    instruction_at = graph.instruction_at
+    operand_ids = graph.operand_ids
+    calls_into = graph.calls_into
+    values: list = [0] * (len(instruction_at) + 1)  # the extra last slot is NO_NODE's: always 0
+
+    def transfer(node: int):
+        instruction: Instruction = instruction_at[node]
+        opcode = instruction.opcode
+        if opcode == "parameter" and node in entry_ids:
+            return 1 << (instruction.parameter_number or 0)
+        sources = operand_ids[node]
+        if opcode == "tuple":
+            return tuple(values[s] for s in sources)
+        extra = calls_into.get(node)
+        if opcode == "get-tuple-element":
+            source_value = values[sources[0]] if sources else 0
+            for source, _ in extra or ():
+                source_value = _join(source_value, values[source])
+            index_text = instruction.attribute("index")
+            if isinstance(source_value, tuple) and index_text and index_text.isdigit():
+                index = int(index_text)
+                if index < len(source_value):
+                    return source_value[index]
+            return _flatten(source_value)
+        if not instruction.shape.is_tuple:
+            bits = 0
+            for source in sources:
+                value = values[source]
+                bits |= value if value.__class__ is int else _flatten(value)
+            for source, _ in extra or ():
+                bits |= _flatten(values[source])
+            return bits
+        if opcode in _ELEMENTWISE_TUPLE and not extra and len(sources) == len(instruction.shape.tuple_shapes):
+            # A combined collective: element i is operand i's.
+            return tuple(_flatten(values[s]) for s in sources)
+        value = 0
+        for source in sources:
+            value = _join(value, values[source])
+        for source, _ in extra or ():
+            value = _join(value, values[source])
+        return value
+
+    propagate_forward(graph, transfer, values)
+    return values

@@ -1,0 +1,358 @@
+"""The dataflow pass behind :mod:`hlo_doctor.semantics.batch_dims`: which (parameter, dim) pairs
+each value carries, op by op."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, propagate_forward
+from hlo_doctor.graph.dots import dot_dims
+from hlo_doctor.hlo.attributes import parse_int_list
+from hlo_doctor.hlo.ir import Instruction, Shape
+
+__all__ = ["Pairs", "roles_map"]
+
+# Ops whose value carries no dims of its operands.
+_SOURCES = frozenset({"constant", "iota", "partition-id", "replica-id", "rng", "rng-bit-generator",
+                      "rng-get-and-update-state", "after-all", "get-dimension-size"})
+_CALLERS = frozenset({"fusion", "while", "call", "conditional", "async-done"})
+_DONE = frozenset({"all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done", "send-done",
+                   "recv-done"})
+_START = frozenset({"all-gather-start", "all-reduce-start", "collective-permute-start", "copy-start"})
+_DOTS = frozenset({"dot", "convolution"})
+# Ops whose one array operand's dims move to output dims by a fixed map.
+_MAPPED = frozenset({"transpose", "broadcast", "reshape", "bitcast", "dynamic-reshape", "reduce"})
+_MISSING = object()
+# Ops whose array value keeps the positions of its operands of the same rank.
+_SIMPLE = frozenset({
+    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "copy", "cosine",
+    "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
+    "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "popcnt", "power", "real",
+    "reduce-precision", "remainder", "round-nearest-afz", "round-nearest-even", "rsqrt", "select",
+    "shift-left", "shift-right-arithmetic", "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan",
+    "tanh", "xor", "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+    "collective-broadcast", "slice", "dynamic-slice", "pad", "concatenate", "bitcast-convert", "optimization-barrier",
+    "stochastic-convert", "clz", "custom-call",
+})
+
+Pairs = frozenset  # of (parameter number, dim)
+_EMPTY: Pairs = frozenset()
+
+
+def _flatten(value) -> Pairs:
+    if isinstance(value, frozenset):
+        return value
+    out: set = set()
+    for element in value:
+        out |= _flatten(element)
+    return frozenset(out)
+
+
+def _join(a, b):
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return tuple(_join(x, y) for x, y in zip(a, b, strict=False))
+    if a == _EMPTY:
+        return b
+    if b == _EMPTY:
+        return a
+    return _flatten(a) | _flatten(b)
+
+
+# --------------------------------------------------------------------------
+# Propagation
+
+
+class _Propagation:
+    """Pairs moved forward from seed values, visiting only nodes a seed reaches.
+
+    The graph's :func:`~hlo_doctor.graph.dataflow.propagate_forward` (one
+    sweep in dataflow order, then loops' back edges to a fixpoint), started
+    at the seeds.
+    """
+
+    def __init__(self, graph: DataflowGraph) -> None:
+        self.graph = graph
+        entry = graph.module.entry
+        self.entry_ids = graph.computation_range(entry.name) if entry is not None else range(0)
+        self.transfer = _Transfer(graph, self.entry_ids)
+
+    def run(self, seeds: dict[int, Pairs], *, through_dots: bool) -> tuple[list, list[int]]:
+        """Every node's value (a list by id, with an always-empty slot for NO_NODE) and the nodes visited."""
+        graph = self.graph
+        values: list = [_EMPTY] * (len(graph.instruction_at) + 1)
+        if not seeds:
+            return values, []
+        instruction_at = graph.instruction_at
+        transfer = self.transfer
+        transfer.values = values
+
+        def compute(node: int) -> object:
+            if node in seeds:
+                return seeds[node]
+            instruction = instruction_at[node]
+            if not through_dots and instruction.opcode in _DOTS:
+                return _EMPTY
+            return transfer(node, instruction)
+
+        touched = propagate_forward(graph, compute, values, seeds)
+        return values, touched
+
+
+def _array(value) -> Pairs:
+    return value if value.__class__ is frozenset else _flatten(value)
+
+
+def _keep(value: Pairs, rank: int) -> Pairs:
+    return frozenset(p for p in value if p[1] < rank)
+
+
+@lru_cache(maxsize=8192)
+def _cached_map(key: tuple) -> tuple[tuple[int, ...], ...]:
+    """The dim map of an op by what determines it (see _Transfer._dim_maps): a module repeats a few kinds of op."""
+    return roles_map(key[1]) if key[0] == "dot" else _dim_map(key)
+
+
+def roles_map(roles) -> tuple[tuple[int, ...], ...]:
+    """Per dot operand: the output dim of each free or batch dim, -1 for the others."""
+    return tuple(
+        tuple(r.output_dim if r.role in ("free", "batch") and r.output_dim is not None else -1 for r in side)
+        for side in roles.roles
+    )
+
+
+def _dim_map(key: tuple) -> tuple[tuple[int, ...], ...]:
+    opcode = key[0]
+    if opcode == "transpose":
+        _, perm, rank = key
+        return (tuple(perm.index(d) if d in perm else -1 for d in range(rank)),)
+    if opcode == "broadcast":
+        _, dims, rank = key
+        return (tuple(dims[d] if d < len(dims) else -1 for d in range(rank)),)
+    if opcode == "reduce":
+        _, reduced, rank = key
+        kept = [d for d in range(rank) if d not in reduced]
+        return (tuple(kept.index(d) if d in kept else -1 for d in range(rank)),)
+    # reshape / bitcast: follow each dim alone through the general rule
+    if opcode == "bitcast":
+        _, before, after = key
+        moved = [_bitcast(frozenset({(0, d)}), before, after) for d in range(before.rank)]
+    else:
+        _, before_dims, after_dims = key
+        moved = [_reshape(frozenset({(0, d)}), before_dims, after_dims) for d in range(len(before_dims))]
+    return (tuple(next(iter(out))[1] if out else -1 for out in moved),)
+
+
+class _Transfer:
+    """The value of one node from the values of what it reads (see the module docstring)."""
+
+    def __init__(self, graph: DataflowGraph, entry_ids: range) -> None:
+        self.graph = graph
+        self.values: list = []
+        self.entry_ids = entry_ids
+        self.operand_ids = graph.operand_ids
+        self.instruction_at = graph.instruction_at
+        self.calls_into = graph.calls_into
+        # Per node, how its operand's dims map to its own (see _dim_map), made once and
+        # kept across runs; and each (map, pairs) result, as unrolled layers repeat them.
+        self.maps: dict[int, tuple[tuple[int, ...], ...] | None] = {}
+        self.applied: dict[tuple, Pairs] = {}
+
+    def apply(self, mapping: tuple[int, ...], source: Pairs) -> Pairs:
+        """``source``'s pairs with dim ``d`` moved to ``mapping[d]`` (dropped where -1)."""
+        if not source:
+            return _EMPTY
+        key = (mapping, source)
+        found = self.applied.get(key)
+        if found is None:
+            size = len(mapping)
+            found = self.applied[key] = frozenset(
+                (p, mapping[d]) for p, d in source if d < size and mapping[d] >= 0
+            )
+        return found
+
+    def dim_maps(self, node: int, instruction: Instruction) -> tuple[tuple[int, ...], ...] | None:
+        try:
+            return self.maps[node]
+        except KeyError:
+            found = self.maps[node] = self._dim_maps(instruction, self.operand_ids[node])
+            return found
+
+    def _dim_maps(self, instruction: Instruction, sources: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+        """Per operand (one; two for a dot), where each of its dims goes in the output (-1: nowhere)."""
+        opcode = instruction.opcode
+        if not sources or NO_NODE in sources[:2]:
+            return None
+        operand = self.instruction_at[sources[0]].shape
+        if operand.is_tuple:
+            return None
+        rank = operand.rank
+        if opcode in _DOTS:
+            if len(sources) < 2:
+                return None
+            rhs = self.instruction_at[sources[1]].shape
+            try:
+                roles = dot_dims(instruction, rank, rhs.rank)
+            except (ValueError, IndexError, KeyError):
+                return None
+            key: tuple = ("dot", roles)
+        elif opcode in ("transpose", "broadcast", "reduce"):
+            key = (opcode, instruction.dimensions or (), rank)
+        elif opcode == "bitcast":
+            key = (opcode, operand, instruction.shape)
+        else:
+            key = (opcode, operand.dims, instruction.shape.dims)
+        return _cached_map(key)
+
+    def joined(self, node: int, kinds: frozenset[str]):
+        value = _EMPTY
+        values = self.values
+        for source, kind in self.calls_into.get(node, ()):
+            if kind in kinds:
+                value = _join(value, values[source])
+        return value
+
+    def __call__(self, node: int, instruction: Instruction) -> object:
+        opcode = instruction.opcode
+        values = self.values
+        sources = self.operand_ids[node]
+        shape = instruction.shape
+        if opcode in _SIMPLE and not shape.is_tuple:
+            # The commonest ops first (elementwise, converts, copies, collectives,
+            # slices, pads, concatenates, selects), as any other op at the end.
+            return self.same_rank(sources, shape.rank)
+        if opcode in _DOTS:
+            maps = self.dim_maps(node, instruction)
+            if maps is None:
+                return _EMPTY
+            lhs, rhs = self.apply(maps[0], _array(values[sources[0]])), self.apply(maps[1], _array(values[sources[1]]))
+            return lhs | rhs if lhs and rhs else lhs or rhs
+        if opcode in _MAPPED and not shape.is_tuple:
+            source = _array(values[sources[0]]) if sources else _EMPTY
+            if not source:
+                return _EMPTY
+            maps = self.dim_maps(node, instruction)
+            return _EMPTY if maps is None else self.apply(maps[0], source)
+        if opcode in _SOURCES:
+            return _EMPTY
+        if opcode == "parameter":
+            return _EMPTY if node in self.entry_ids else self.joined(node, PARAM_KINDS)
+        if opcode in _CALLERS:
+            return self.joined(node, ROOT_KINDS)
+        if opcode == "tuple":
+            return tuple(values[s] for s in sources)
+        if opcode == "get-tuple-element":
+            source = values[sources[0]] if sources else _EMPTY
+            index = instruction.attribute("index")
+            if isinstance(source, tuple) and index and index.isdigit() and int(index) < len(source):
+                return source[int(index)]
+            return _keep(_array(source), shape.rank) if not shape.is_tuple else source
+        if opcode in _START or opcode in _DONE or opcode in ("async-start", "async-update"):
+            value = _EMPTY
+            for s in sources:
+                value |= _array(values[s])
+            return value if not shape.is_tuple else tuple(value for _ in shape.tuple_shapes)
+        if shape.is_tuple:
+            # Variadic ops (reduce, sort, all-gather of several operands ...): element i from operand i.
+            elements = []
+            for i, leaf in enumerate(shape.tuple_shapes):
+                value = _array(values[sources[i]]) if i < len(sources) else _EMPTY
+                elements.append(_keep(value, leaf.rank) if not leaf.is_tuple else _EMPTY)
+            if opcode == "reduce":
+                maps = self.dim_maps(node, instruction)
+                return tuple(_EMPTY if maps is None else self.apply(maps[0], e) for e in elements)
+            return tuple(elements)
+        source = _array(values[sources[0]]) if sources else _EMPTY
+        if opcode == "gather":
+            return self.gather(instruction, sources)
+        if opcode in ("scatter", "dynamic-update-slice"):
+            return _keep(source, shape.rank)
+        # Any other op: the operands of the same rank keep their positions.
+        return self.same_rank(sources, shape.rank)
+
+    def same_rank(self, sources: tuple[int, ...], rank: int) -> Pairs:
+        """The pairs of the array operands of rank ``rank``, whose dims keep their positions."""
+        values = self.values
+        instruction_at = self.instruction_at
+        found = None
+        for source in sources:
+            value = values[source]
+            if not value or source == NO_NODE:
+                continue
+            operand_shape = instruction_at[source].shape
+            if operand_shape.is_tuple or operand_shape.rank != rank:
+                continue
+            value = _array(value)
+            found = value if found is None or found == value else found | value
+        return _EMPTY if found is None else found
+
+    def gather(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
+        if len(sources) < 2 or sources[1] == NO_NODE:
+            return _EMPTY
+        indices = self.instruction_at[sources[1]].shape
+        offset_text = instruction.attribute("offset_dims")
+        offset = set(parse_int_list(offset_text)) if offset_text else set()
+        vector_text = instruction.attribute("index_vector_dim")
+        vector = int(vector_text) if vector_text and vector_text.lstrip("-").isdigit() else indices.rank
+        batch_out = [d for d in range(instruction.shape.rank) if d not in offset]
+        batch_in = [d for d in range(indices.rank) if d != vector]
+        out = set()
+        for p, d in _array(self.values[sources[1]]):
+            if d in batch_in and batch_in.index(d) < len(batch_out):
+                out.add((p, batch_out[batch_in.index(d)]))
+        return frozenset(out)
+
+
+def _reshape(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]) -> Pairs:
+    out: set = set()
+    for before_dims, after_dims in _reshape_groups(before, after):
+        if len(before_dims) > 1 and len(after_dims) > 1:
+            continue  # dims regrouped: no dim survives
+        if len(after_dims) == 1:
+            target = after_dims[0]  # kept, or merged into one dim that now holds the batch
+        else:
+            target = max(after_dims, key=lambda e: (after[e], -e))  # split: the largest piece
+        out.update((p, target) for p, d in source if d in before_dims)
+    return frozenset(out)
+
+
+def _bitcast(source: Pairs, before: Shape, after: Shape) -> Pairs:
+    """A bitcast reshapes the physical (major-to-minor) dims: it may also transpose the logical ones."""
+    major_before, major_after = _major_to_minor(before), _major_to_minor(after)
+    if major_before is None or major_after is None:
+        return _reshape(source, before.dims, after.dims)
+    physical = frozenset((p, major_before.index(d)) for p, d in source if d in major_before)
+    moved = _reshape(physical, tuple(before.dims[d] for d in major_before), tuple(after.dims[d] for d in major_after))
+    return frozenset((p, major_after[e]) for p, e in moved)
+
+
+def _major_to_minor(shape: Shape) -> tuple[int, ...] | None:
+    layout = shape.layout
+    if layout is None or len(layout.minor_to_major) != shape.rank:
+        return None
+    return tuple(reversed(layout.minor_to_major))
+
+
+def _reshape_groups(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The smallest runs of input and output dims with equal element counts."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(before) and j < len(after):
+        gi, gj = [i], [j]
+        pa, pb = before[i], after[j]
+        i += 1
+        j += 1
+        while pa != pb:
+            if pa < pb:
+                if i >= len(before):
+                    return groups
+                pa *= before[i]
+                gi.append(i)
+                i += 1
+            else:
+                if j >= len(after):
+                    return groups
+                pb *= after[j]
+                gj.append(j)
+                j += 1
+        groups.append((gi, gj))
+    return groups
