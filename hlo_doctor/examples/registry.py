@@ -180,6 +180,24 @@ EXAMPLES: tuple[Example, ...] = (
         "('batch', 'data'): activations shard on the feature dim (fixed: the batch rule first)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("flax_linen_rules"), extra="third-party",
     ),
+    Example(
+        "flax-nnx-partitioning",
+        "Flax NNX FSDP train step whose largest layer (the unembedding) has no "
+        "nnx.with_partitioning and is left replicated (fixed: every kernel partitioned)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("flax_nnx_partitioning"), extra="third-party",
+    ),
+    Example(
+        "keras-layout-map",
+        "Keras 3 ModelParallel on a tiny keras_hub Gemma backbone whose LayoutMap keys miss the "
+        "FFN kernels, which Keras replicates silently (fixed: keys that match)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("keras_layout_map"), extra="third-party",
+    ),
+    Example(
+        "keras-model-axis-across-hosts",
+        "Keras 3 ModelParallel on a tiny keras_hub Gemma backbone, DeviceMesh((4, 2), ('model', "
+        "'batch')): the model axis spans 2 hosts of 4 (fixed: DeviceMesh((2, 4), ('batch', 'model')))",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("keras_model_axis_across_hosts"), extra="third-party",
+    ),
 )
 
 _BY_NAME = {example.name: example for example in EXAMPLES}
