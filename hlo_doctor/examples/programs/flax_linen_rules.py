@@ -77,7 +77,7 @@ def main(argv=None):
     tokens = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
 
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        abstract = jax.eval_shape(model.init, jax.random.key(0), tokens)
+        abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))
         param_sharding = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, rules)
         values = jax.tree.map(lambda box: box.value, abstract, is_leaf=lambda x: isinstance(x, nn.Partitioned))
         params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), values, param_sharding)
