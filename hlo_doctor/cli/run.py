@@ -120,7 +120,8 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
 
             entry = get_example(example)
             framework = framework or entry.frameworks[0]
-            require_extras(extras_for(framework, gpu_target=gpu_target is not None))
+            require_extras(extras_for(framework, gpu_target=gpu_target is not None)
+                           + ([entry.extra] if entry.extra else []))
             result = run_example(
                 example, framework=framework, variant=variant or entry.variants[0],
                 dump_dir=dump_dir or _default_dump_dir(example), partitioner=partitioner,
@@ -170,5 +171,6 @@ def examples_command():
 
 def example_needs(example) -> str:
     """The extras an example needs: one per framework (``jax | torch-xla``), ``+gpu-target`` for a GPU-only one."""
-    needs = " | ".join("+".join(extras_for(f, gpu_target=example.target_only)) for f in example.frameworks)
+    needs = " | ".join("+".join(extras_for(f, gpu_target=example.target_only)
+                                + ([example.extra] if example.extra else [])) for f in example.frameworks)
     return f"needs {needs}"

@@ -29,6 +29,8 @@ class Example:
     target_only: bool = False
     # variant -> extra XLA flags for that variant's compile ({"xla_name": "value"}).
     variant_xla_flags: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The pyproject extra its third-party libraries come from (transformers, flax, keras), if any.
+    extra: str | None = None
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -162,6 +164,47 @@ EXAMPLES: tuple[Example, ...] = (
         "FSDP MLP layers under lax.scan whose body all-gathers the activation "
         "(fixed: the carried activation constrained to the batch sharding)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("scan_lost_batch"),
+    ),
+    # --- third-party libraries (the `third-party` extra) ---
+    Example(
+        "hf-1d-params-torch-xla",
+        "Hugging Face LlamaForCausalLM train step under torch_xla, every parameter on dim 0 of a "
+        "1-D mesh over 16 devices, inputs unmarked (fixed: mesh (2, 8) ('replica', 'fsdp'), "
+        "inputs on both axes)",
+        PAIR, devices=16, devices_per_host=8, scripts={"torch_xla": "hf_1d_params_torch_xla.py"},
+        reference="https://github.com/pytorch/xla/issues/6778", extra="third-party",
+    ),
+    Example(
+        "hf-fsdpv2-torch-xla",
+        "Hugging Face LlamaForCausalLM train step under torch_xla FSDPv2 on a (2, 8) "
+        "('replica', 'fsdp') mesh with the default shard_output: 'replica' computes the same "
+        "tokens (fixed: a custom shard_output over both axes)",
+        PAIR, devices=16, devices_per_host=8, scripts={"torch_xla": "hf_fsdpv2_torch_xla.py"},
+        reference="https://github.com/pytorch/xla/issues/6778", extra="third-party",
+    ),
+    Example(
+        "flax-linen-rules",
+        "Flax linen train step whose logical axis rules put ('embed', 'data') before "
+        "('batch', 'data'): activations shard on the feature dim (fixed: the batch rule first)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("flax_linen_rules"), extra="third-party",
+    ),
+    Example(
+        "flax-nnx-partitioning",
+        "Flax NNX FSDP train step whose largest layer (the unembedding) has no "
+        "nnx.with_partitioning and is left replicated (fixed: every kernel partitioned)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("flax_nnx_partitioning"), extra="third-party",
+    ),
+    Example(
+        "keras-layout-map",
+        "Keras 3 ModelParallel on a tiny keras_hub Gemma backbone whose LayoutMap keys miss the "
+        "FFN kernels, which Keras replicates silently (fixed: keys that match)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("keras_layout_map"), extra="third-party",
+    ),
+    Example(
+        "keras-model-axis-across-hosts",
+        "Keras 3 ModelParallel on a tiny keras_hub Gemma backbone, DeviceMesh((4, 2), ('model', "
+        "'batch')): the model axis spans 2 hosts of 4 (fixed: DeviceMesh((2, 4), ('batch', 'model')))",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("keras_model_axis_across_hosts"), extra="third-party",
     ),
 )
 

@@ -20,6 +20,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "torch-xla": ("torch_xla",),
     "gpu-target": ("jax_cuda12_plugin", "jax_plugins.xla_cuda12"),
     "tpu-target": ("libtpu",),
+    # the gallery's third-party programs (Example.extra)
+    "third-party": ("transformers", "flax", "optax", "keras", "keras_hub"),
 }
 
 

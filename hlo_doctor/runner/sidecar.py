@@ -16,6 +16,21 @@ Schema (version 1)::
                          "mesh_axis_names": [...], "shape": [...], "stack": [...], "count": n}],
      "module_calls": [{"module_class": ..., "file": ..., "line": ..., "count": n,
                        "stack": [...]}],
+     # the modules the user's code calls directly (torch): submodule and parameter paths
+     "module_trees": [{"module_class": ..., "modules": [{"path": "model.layers.0.self_attn.o_proj",
+                       "class": ...}], "parameters": [{"path": ..., "shape": [...], "dtype": ...}],
+                       "stack": [...]}],
+     # Keras 3's distribution API: DeviceMesh, LayoutMap keys, the key each variable matched
+     "keras": {"meshes": [{"axis_names": [...], "shape": [...], "devices": [...], "stack": [...]}],
+               "layouts": [{"key": ..., "axes": [...], "stack": [...]}],
+               "variables": [{"path": ..., "matched_key": KEY | null, "axes": [...] | null}]},
+     # Flax linen: the logical axis rules set (nn.logical_axis_rules, nn.set_logical_axis_rules)
+     "flax_logical_rules": [{"function": ..., "rules": [["batch", "data"], ...], "stack": [...]}],
+     # Flax NNX: per nnx.jit function, each graph argument's state paths; HLO's
+     # "model.states[0][i]" is leaves[i] of the argument named "model"
+     "nnx_jit_calls": [{"function": ..., "arguments": [{"name": "model", "leaves": [{"index": i,
+                        "path": "blocks/0/w_in/kernel", "type": "Param", "shape": [...]}]}],
+                        "stack": [...]}],
      "example": {"name": ..., "variant": ...} | null,
      "script": {"path": ..., "sha256": ...} | null,   # the program that was run
      "instrumentation_errors": [{"where": ..., "error": ...}],  # the hook failing, not the script
@@ -194,15 +209,32 @@ def build_sidecar(
         "meshes": _unique_meshes(events),
         "sharding_calls": _unique_sharding_calls(events),
         "module_calls": [_strip(e) for e in events if e.get("event") == "module_call"],
+        "module_trees": [_strip(e) for e in events if e.get("event") == "module_tree"],
+        "flax_logical_rules": _unique(events, "flax_logical_rules"),
+        "nnx_jit_calls": [_strip(e) for e in events if e.get("event") == "nnx_jit_call"],
         "example": example,
         "script": _script_record(script),
         "instrumentation_errors": [
             _strip(e) for e in events if e.get("event") == "instrumentation_error"
         ],
     }
+    keras = {"meshes": _unique(events, "keras_mesh"), "layouts": _unique(events, "keras_layout"),
+             "variables": _unique(events, "keras_variable_layout")}
+    if any(keras.values()):
+        sidecar["keras"] = keras
     if target is not None:
         sidecar.update(_target_fields(target, events, dump_dir))
     return sidecar
+
+
+def _unique(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The events of one kind, each distinct one once, in order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if event.get("event") == kind:
+            entry = _strip(event)
+            seen.setdefault(json.dumps(entry, sort_keys=True), entry)
+    return list(seen.values())
 
 
 def _script_record(script: Path | None) -> dict[str, str] | None:

@@ -15,6 +15,18 @@ What it records, as JSON lines appended to the file named by
   ``jax.lax.with_sharding_constraint`` call, with the user's stack;
 * ``module_call``: each ``torch.nn.Module.__call__`` made from user code,
   once per (module class, call site);
+* ``module_tree``: for each module the user's code calls directly (the model),
+  once: its submodules' paths (``model.layers.0.self_attn.o_proj``) and
+  classes, and its parameters' paths and shapes;
+* ``keras_mesh`` / ``keras_layout`` / ``keras_variable_layout``: Keras 3's
+  ``DeviceMesh`` (axis names, shape, the user's line), each ``LayoutMap`` key
+  set (its axes, the user's line), and for each variable path Keras looked up
+  the key it matched (``null``: none, so Keras replicates it);
+* ``flax_logical_rules``: the rules of each ``nn.logical_axis_rules`` /
+  ``nn.set_logical_axis_rules`` call (Flax linen), with the user's stack;
+* ``nnx_jit_call``: for each function ``nnx.jit`` compiles, once: the flattened
+  state paths of each graph-node argument, in the order nnx.jit names them in
+  the HLO (``model.states[0][i]`` is the i-th);
 * ``process``: device count and framework versions, when the child exits.
 
 With ``HLO_DOCTOR_TARGET`` set (``hlo-doctor run --target``), it also loads
@@ -47,7 +59,8 @@ _LIBRARY_PARTS = (
     os.sep + "site-packages" + os.sep,
     os.sep + "dist-packages" + os.sep,
 )
-_LIBRARY_PACKAGES = ("jax", "jaxlib", "torch", "torch_xla", "numpy", "flax", "optax")
+_LIBRARY_PACKAGES = ("jax", "jaxlib", "torch", "torch_xla", "numpy", "flax", "optax", "keras", "keras_hub",
+                     "transformers")
 _lock = threading.Lock()
 
 
@@ -282,15 +295,205 @@ def _record_module_call(module) -> None:
     }
 
 
+_MAX_TREE = 4000
+_seen_module_trees: set[int] = set()
+
+
+def _called_from_user_code(depth: int) -> bool:
+    frame = sys._getframe(depth)
+    return frame is not None and _is_user_file(frame.f_code.co_filename)
+
+
+@_guard
+def _record_module_tree(module) -> None:
+    """The paths of a module the user calls directly (the model) and of its parameters, once."""
+    if id(module) in _seen_module_trees:
+        return
+    _seen_module_trees.add(id(module))
+    cls = type(module)
+    modules = []
+    for path, sub in module.named_modules():
+        _seen_module_trees.add(id(sub))  # a submodule the user's code calls is part of this tree
+        if len(modules) >= _MAX_TREE:
+            break
+        modules.append({"path": path, "class": f"{type(sub).__module__}.{type(sub).__qualname__}"})
+    parameters = []
+    for path, param in module.named_parameters():
+        if len(parameters) >= _MAX_TREE:
+            break
+        parameters.append({"path": path, "shape": _ints(param.shape), "dtype": str(param.dtype)})
+    _emit({"event": "module_tree", "module_class": f"{cls.__module__}.{cls.__qualname__}",
+           "modules": modules, "parameters": parameters, "stack": _user_stack(4)})
+
+
 def _patch_torch_module(module) -> None:
     module_class = module.Module
     original_call = module_class.__call__
 
     def __call__(self, *args, **kwargs):
         _record_module_call(self)
+        if id(self) not in _seen_module_trees and _called_from_user_code(2):
+            _record_module_tree(self)
         return original_call(self, *args, **kwargs)
 
     module_class.__call__ = __call__
+
+
+# --- Keras 3 distribution API ----------------------------------------------------
+
+_seen_variable_layouts: set[str] = set()
+
+
+def _axes(layout) -> list | None:
+    axes = getattr(layout, "axes", layout)
+    if axes is None:
+        return None
+    return [a if a is None else str(a) if isinstance(a, str) else [str(b) for b in a] for a in axes]
+
+
+@_guard
+def _record_keras_mesh(mesh) -> None:
+    _emit({"event": "keras_mesh", "axis_names": [str(a) for a in mesh.axis_names],
+           "shape": _ints(mesh.shape), "devices": [str(d) for d in getattr(mesh.devices, "flat", mesh.devices)],
+           "stack": _user_stack(3)})
+
+
+@_guard
+def _record_keras_layout(key, layout) -> None:
+    _emit({"event": "keras_layout", "key": str(key), "axes": _axes(layout), "stack": _user_stack(3)})
+
+
+@_guard
+def _record_keras_lookup(layout_map, key, result) -> None:
+    if not isinstance(key, str) or key in _seen_variable_layouts:
+        return
+    _seen_variable_layouts.add(key)
+    import re
+
+    keys = getattr(layout_map, "_layout_map", {})
+    matched = key if key in keys else next((k for k in keys if re.fullmatch(k, key)), None)
+    _emit({"event": "keras_variable_layout", "path": key, "matched_key": matched,
+           "axes": _axes(result) if result is not None else None})
+
+
+def _patch_keras_distribution(module) -> None:
+    mesh_class = module.DeviceMesh
+    original_mesh_init = mesh_class.__init__
+
+    def mesh_init(self, *args, **kwargs):
+        original_mesh_init(self, *args, **kwargs)
+        _record_keras_mesh(self)
+
+    mesh_class.__init__ = mesh_init
+
+    layout_class = module.LayoutMap
+    original_set = layout_class.__setitem__
+    original_get = layout_class.__getitem__
+
+    def __setitem__(self, key, layout):
+        original_set(self, key, layout)
+        _record_keras_layout(key, layout)
+
+    def __getitem__(self, key):
+        result = original_get(self, key)
+        _record_keras_lookup(self, key, result)
+        return result
+
+    layout_class.__setitem__ = __setitem__
+    layout_class.__getitem__ = __getitem__
+
+
+# --- Flax -------------------------------------------------------------------------
+
+
+@_guard
+def _record_flax_rules(function: str, rules) -> None:
+    recorded = []
+    for rule in list(rules or ())[:_MAX_TREE]:
+        logical, mesh_axes = rule
+        if mesh_axes is not None and not isinstance(mesh_axes, str):
+            mesh_axes = [str(a) for a in mesh_axes]
+        recorded.append([str(logical), mesh_axes])
+    _emit({"event": "flax_logical_rules", "function": function, "rules": recorded,
+           "stack": _user_stack(4)})
+
+
+def _patch_flax_spmd(module) -> None:
+    original_context = module.logical_axis_rules
+    original_set = module.set_logical_axis_rules
+
+    def logical_axis_rules(rules):
+        _record_flax_rules("logical_axis_rules", rules)
+        return original_context(rules)
+
+    def set_logical_axis_rules(rules):
+        _record_flax_rules("set_logical_axis_rules", rules)
+        return original_set(rules)
+
+    for patched, original in ((logical_axis_rules, original_context), (set_logical_axis_rules, original_set)):
+        patched.__doc__ = original.__doc__
+        patched.__wrapped__ = original
+    module.logical_axis_rules = logical_axis_rules
+    module.set_logical_axis_rules = set_logical_axis_rules
+
+
+_seen_nnx_functions: set[int] = set()
+
+
+@_guard
+def _record_nnx_call(wrapped, args, kwargs) -> None:
+    function = getattr(wrapped, "fun", None) or getattr(wrapped, "__wrapped__", None)
+    if function is None or id(function) in _seen_nnx_functions:
+        return
+    _seen_nnx_functions.add(id(function))
+    import inspect
+
+    graph = sys.modules.get("flax.nnx.graph")
+    if graph is None:
+        return
+    try:
+        bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {f"args[{i}]": a for i, a in enumerate(args)}
+    arguments = []
+    for name, value in bound.items():
+        if not graph.is_graph_node(value):
+            continue
+        _, flat = graph.flatten(value)
+        leaves = []
+        for index, (path, leaf) in enumerate(flat):
+            if index >= _MAX_TREE:
+                break
+            shape = getattr(leaf, "shape", None)
+            leaves.append({"index": index, "path": "/".join(str(p) for p in path),
+                           "type": type(leaf).__name__,
+                           "shape": _ints(shape) if shape is not None else None})
+        arguments.append({"name": name, "leaves": leaves})
+    _emit({"event": "nnx_jit_call", "function": getattr(function, "__qualname__", repr(function)),
+           "arguments": arguments, "stack": _user_stack(4)})
+
+
+def _patch_nnx_compilation(module) -> None:
+    original_jit = module.jit
+    patched_types: set[type] = set()
+
+    def jit(*args, **kwargs):
+        out = original_jit(*args, **kwargs)
+        cls = type(out)
+        if callable(out) and cls not in patched_types and cls.__module__.startswith("flax.nnx"):
+            patched_types.add(cls)
+            original_call = cls.__call__
+
+            def __call__(self, *call_args, **call_kwargs):
+                _record_nnx_call(self, call_args, call_kwargs)
+                return original_call(self, *call_args, **call_kwargs)
+
+            cls.__call__ = __call__
+        return out
+
+    jit.__doc__ = original_jit.__doc__
+    jit.__wrapped__ = original_jit
+    module.jit = jit
 
 
 # --- process summary -----------------------------------------------------------
@@ -300,10 +503,11 @@ def _versions() -> dict:
     from importlib import metadata
 
     versions = {"python": sys.version.split()[0]}
-    for name in ("jax", "jaxlib", "torch", "torch_xla", "numpy"):
+    for name in ("jax", "jaxlib", "torch", "torch_xla", "numpy", "transformers", "flax", "optax", "keras",
+                 "keras_hub"):
         if name in sys.modules:
             try:
-                versions[name] = metadata.version(name)
+                versions[name] = metadata.version(name.replace("_hub", "-hub"))
             except metadata.PackageNotFoundError:
                 pass
     return versions
@@ -333,6 +537,9 @@ _PATCHES = {
     "jax._src.pjit": _patch_jax_pjit,
     "torch_xla.distributed.spmd.xla_sharding": _patch_torch_xla_sharding,
     "torch.nn.modules.module": _patch_torch_module,
+    "keras.src.distribution.distribution_lib": _patch_keras_distribution,
+    "flax.core.spmd": _patch_flax_spmd,
+    "flax.nnx.transforms.compilation": _patch_nnx_compilation,
 }
 
 
