@@ -34,6 +34,8 @@ _BOOTSTRAP = Path(__file__).parent / "_child" / "sitecustomize.py"
 # Imported by sitecustomize under this name when --target is given.
 _DEVICELESS = Path(__file__).parent / "_child" / "deviceless.py"
 _DEVICELESS_MODULE = "_hlo_doctor_deviceless.py"
+_THIRD_PARTY = Path(__file__).parent / "_child" / "third_party.py"
+_THIRD_PARTY_MODULE = "_hlo_doctor_third_party.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,7 @@ def run_script(
         bootstrap.mkdir()
         shutil.copy(_BOOTSTRAP, bootstrap / "sitecustomize.py")
         shutil.copy(_DEVICELESS, bootstrap / _DEVICELESS_MODULE)
+        shutil.copy(_THIRD_PARTY, bootstrap / _THIRD_PARTY_MODULE)
         events_file = scratch_dir / "events.jsonl"
         base = dict(os.environ if env is None else env)
         if xla_flags:
