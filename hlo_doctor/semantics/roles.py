@@ -114,19 +114,13 @@ class _Judge:
         self.graph = graph
         self.params = params
         self.batch = batch
+        self.data_mask = _mask(params.data)
+        self.weight_mask = _mask(params.weights)
 
     # -- facts about a value ------------------------------------------------
     def derived(self, key: NodeKey) -> frozenset[int]:
         node = self.graph.id_of(key)
-        if node is None:
-            return frozenset()
-        bits = self.graph.parameter_bits(node)
-        found = []
-        while bits:
-            low = bits & -bits
-            found.append(low.bit_length() - 1)
-            bits ^= low
-        return frozenset(found)
+        return _numbers(self.graph.parameter_bits(node)) if node is not None else frozenset()
 
     @cached_property
     def weights_by_dims(self) -> dict[tuple[int, ...], list[int]]:
@@ -146,9 +140,13 @@ class _Judge:
     def operand_role(self, facts: CollectiveFacts, operand: OperandFacts) -> OperandRole:
         kind = facts.effective_kind
         shape = operand.shape
-        derived = self.derived(operand.key)
-        data = derived & self.params.data
-        weights = derived & self.params.weights
+        node = self.graph.id_of(operand.key)
+        bits = self.graph.parameter_bits(node) if node is not None else 0
+        # Parameter sets from bitsets: a gradient derives from hundreds of parameters, and only the
+        # data and weight parts (masks) are read; the whole set only where a reason needs it.
+        data = _numbers(bits & self.data_mask)
+        weights = _numbers(bits & self.weight_mask)
+        derived = _LazyNumbers(bits)
         batch_dims = self.batch.batch_dims(operand.key) if data else {}
         if facts.self_only:
             return OperandRole("other", tuple(sorted(derived)), "every device sends only to itself: no traffic")
@@ -213,7 +211,7 @@ class _Judge:
         return OperandRole("other", tuple(sorted(derived)), f"a {kind}")
 
     def permute_role(self, facts: CollectiveFacts, operand: OperandFacts, data: frozenset[int],
-                     weights: frozenset[int], derived: frozenset[int], batch_dims: bool) -> OperandRole:
+                     weights: frozenset[int], derived: _LazyNumbers, batch_dims: bool) -> OperandRole:
         """A collective-permute: a ring (a gather or reduction in pieces), a pipeline send or a reshard."""
         if _is_ring(facts.op.logical_groups) and len(facts.op.mesh_axes or ()) == 1:
             # every device passes its block on around a cycle: a gather in pieces (XLA's windowed
@@ -366,6 +364,41 @@ class _Judge:
                 return False
             node = sources[0]
         return False
+
+
+def _mask(numbers) -> int:  # noqa: ANN001
+    bits = 0
+    for number in numbers:
+        bits |= 1 << number
+    return bits
+
+
+def _numbers(bits: int) -> frozenset[int]:
+    """The set bit positions of ``bits``."""
+    found = []
+    while bits:
+        low = bits & -bits
+        found.append(low.bit_length() - 1)
+        bits ^= low
+    return frozenset(found)
+
+
+class _LazyNumbers:
+    """A parameter set read from its bitset only when iterated (sorted, for reasons)."""
+
+    __slots__ = ("_bits",)
+
+    def __init__(self, bits: int) -> None:
+        self._bits = bits
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(_numbers(self._bits))
+
+    def __len__(self) -> int:
+        return self._bits.bit_count()
+
+    def __bool__(self) -> bool:
+        return bool(self._bits)
 
 
 def _is_ring(pairs: tuple[tuple[int, ...], ...]) -> bool:
