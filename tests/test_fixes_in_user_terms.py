@@ -86,3 +86,11 @@ def test_mesh_axis_names_from_the_program_when_the_dump_has_none(tmp_path):
     assert program_mesh_axes(str(program), (2, 4)) == ("data", "model")
     assert program_mesh_axes(str(program), (16,)) == ("batch",)
     assert program_mesh_axes(str(program), (8, 2)) is None  # no construction of that shape: stay positional
+
+
+def test_nnx_parameters_are_named_by_their_variable_path():
+    """nnx.jit names parameters model.states[0][i]; the runner's record gives their paths."""
+    (finding,) = analyze_dump(FIXTURES / "flax-nnx-partitioning" / "jax-shardy-bad",
+                              select=["replicated-large-parameter"]).findings
+    assert finding.message.startswith("parameter unembed/kernel (model.states[0][5]) (f32[256,2048]")
+    assert finding.suggestion.jax.startswith("unembed_kernel = jax.device_put(unembed_kernel, ")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
-__all__ = ["program_mesh_axes"]
+__all__ = ["program_mesh_axes", "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
 _MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
@@ -91,3 +92,32 @@ def program_mesh_axes(path: str | None, sizes: tuple[int, ...]) -> Names | None:
     matching = {names for names, shape in _mesh_axes(path, mtime)
                 if len(names) == len(sizes) and (shape == sizes or (shape is None and len(sizes) == 1))}
     return next(iter(matching)) if len(matching) == 1 else None
+
+
+_NNX_STATE = re.compile(r"^(\w+)\.states\[\d+\]\[(\d+)\]$")
+
+
+def recorded_parameter_path(record: dict | None, traced: str | None, op_name: str | None,
+                            shape: tuple[int, ...] | None) -> str | None:
+    """The variable path of a positionally named parameter, from the runner's record.
+
+    ``nnx.jit`` names its parameters ``model.states[0][i]``; the runner records the state
+    leaves of each ``nnx.jit`` call in that order (``blocks/0/w_in/kernel``). The leaf counts
+    only when the call is the traced function's and its shape is the parameter's.
+    """
+    match = _NNX_STATE.match(op_name or "")
+    if match is None or not isinstance(record, dict):
+        return None
+    argument, index = match.group(1), int(match.group(2))
+    for call in record.get("nnx_jit_calls") or ():
+        if not isinstance(call, dict) or str(call.get("function", "")).rsplit(".", 1)[-1] != traced:
+            continue
+        for recorded in call.get("arguments") or ():
+            if not isinstance(recorded, dict) or recorded.get("name") != argument:
+                continue
+            for leaf in recorded.get("leaves") or ():
+                if isinstance(leaf, dict) and leaf.get("index") == index and leaf.get("path"):
+                    if shape is not None and leaf.get("shape") is not None and tuple(leaf["shape"]) != tuple(shape):
+                        return None
+                    return str(leaf["path"])
+    return None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._batch import buffer_donors
+from hlo_doctor.rules._program import recorded_parameter_path
 from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -121,7 +122,7 @@ class ReplicatedLargeParameter(Rule):
 
     def _finding(self, ctx, module: HloModule, param, sharded, shard_count, axes) -> Finding:
         shape = ctx.global_parameter_shapes[param.parameter_number]
-        name = argument_name(param)
+        name = _user_name(ctx, param)
         dims = sorted(range(shape.rank), key=lambda d: (-shape.dims[d], d))
         dim = next((d for d in dims if shape.dims[d] % shard_count == 0), None)
         per_device = shape.byte_size // shard_count if shard_count else shape.byte_size
@@ -129,8 +130,8 @@ class ReplicatedLargeParameter(Rule):
         axis_names = tuple(axes) if axes else (f"<axis of size {shard_count}>",)
         if dim is not None:
             spec[dim] = axis_names
-        jax_code, torch_code = parameter_code(spec, python_identifier(name))
-        examples = ", ".join(argument_name(p) for p, _ in sharded[:3])
+        jax_code, torch_code = parameter_code(spec, python_identifier(name.split(" (")[0]))
+        examples = ", ".join(_user_name(ctx, p) for p, _ in sharded[:3])
         anchor = param
         message = (
             f"parameter {name} ({shape}, {format_bytes(shape.byte_size)}) is replicated on all {ctx.num_partitions} devices "
@@ -203,3 +204,14 @@ def _first_user_with_source(ctx: RuleContext, module: HloModule, param: Instruct
 
 
 
+
+
+def _user_name(ctx: RuleContext, param: Instruction) -> str:
+    """The parameter as the user knows it: its recorded variable path when the op_name is positional
+    (``nnx.jit``'s ``model.states[0][5]`` is ``unembed/kernel``), else its argument name."""
+    name = argument_name(param)
+    shapes = ctx.global_parameter_shapes
+    number = param.parameter_number
+    shape = shapes[number].dims if shapes is not None and number is not None and number < len(shapes) else None
+    path = recorded_parameter_path(ctx.dump.run_record, ctx.traced_function, name, shape)
+    return f"{path} ({name})" if path else name
