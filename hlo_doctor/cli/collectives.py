@@ -10,7 +10,7 @@ import click
 from hlo_doctor.cli.common import input_errors_exit_2
 from hlo_doctor.dump import load_dump
 from hlo_doctor.errors import InputError
-from hlo_doctor.report.safe import plain
+from hlo_doctor.report.safe import rich_text
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.semantics.inventory import inventory_document, module_rows, totals_by_role
 from hlo_doctor.units import format_bytes
@@ -62,30 +62,27 @@ def collectives_command(dump: str, output_format: str, devices_per_host: int | N
 def render_inventory(inventories) -> str:  # noqa: ANN001
     """The text form: per module, a table sorted by bytes per step, then totals by role."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    def safe(value: object) -> str:  # text from the dump: no control characters, no rich markup
-        return escape(plain(value))
 
     buffer = StringIO()
     console = Console(file=buffer, width=160, color_system=None, highlight=False)
     for name, rows in inventories:
-        table = Table(title=f"{safe(name)}: {len(rows)} collectives", title_justify="left")
+        table = Table(title=f"{rich_text(name)}: {len(rows)} collectives", title_justify="left")
         for column in ("instruction", "kind", "role", "phase", "axes", "group", "hosts", "bytes/device", "x/step",
                        "parameters", "reason"):
             table.add_column(column, overflow="fold", justify="right" if column in ("group", "bytes/device",
                                                                                    "x/step") else "left")
         for row in rows:
             table.add_row(
-                safe(row.instruction), row.kind, row.role, row.phase,
-                safe(",".join(row.axes)) if row.axes else ("-" if row.axes is not None else "?"),
+                rich_text(row.instruction), row.kind, row.role, row.phase,
+                rich_text(",".join(row.axes)) if row.axes else ("-" if row.axes is not None else "?"),
                 str(row.group_size),
                 {True: "across", False: "inside", None: "?"}[row.crosses_hosts],
                 format_bytes(row.bytes_per_device),
                 "?" if row.executions is None else str(row.executions),
-                safe(", ".join(row.parameters[:3]) + (" ..." if len(row.parameters) > 3 else "")),
-                safe(row.reason),
+                rich_text(", ".join(row.parameters[:3]) + (" ..." if len(row.parameters) > 3 else "")),
+                rich_text(row.reason),
             )
         console.print(table)
         totals = totals_by_role(rows)

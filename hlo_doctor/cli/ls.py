@@ -112,18 +112,15 @@ def _count(snapshot: object) -> int | None:
 
 def _render_text(inventory: dict[str, object]) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    from hlo_doctor.report.safe import plain
+    from hlo_doctor.report.safe import rich_text
 
-    def safe(value: object) -> str:  # text from the dump: no control characters, no rich markup
-        return escape(plain(value))
 
     console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
     modules = inventory["modules"]
     assert isinstance(modules, list)
-    console.print(f"{safe(inventory['path'])}: {len(modules)} module(s)")
+    console.print(f"{rich_text(inventory['path'])}: {len(modules)} module(s)")
 
     summary = Table(title="Modules", title_justify="left")
     for column in ("id", "name", "partitioner", "partitions", "replicas", "mesh", "device assignment", "snapshots"):
@@ -132,18 +129,18 @@ def _render_text(inventory: dict[str, object]) -> None:
         assignment = module["device_assignment"]
         summary.add_row(
             "" if module["id"] is None else str(module["id"]),
-            safe(module["name"]),
-            safe(module["partitioner"]),
+            rich_text(module["name"]),
+            rich_text(module["partitioner"]),
             _text(module["num_partitions"]),
             _text(module["num_replicas"]),
-            safe(" ".join(module["meshes"])),
+            rich_text(" ".join(module["meshes"])),
             _short_list(assignment),
             str(len(module["snapshots"])),
         )
     console.print(summary)
 
     for module in modules:
-        table = Table(title=f"{safe(module['key'])} snapshots", title_justify="left")
+        table = Table(title=f"{rich_text(module['key'])} snapshots", title_justify="left")
         for column in ("#", "role", "pipeline", "pass", "size", "instructions"):
             table.add_column(column, justify="right" if column in ("#", "size", "instructions") else "left")
         for snapshot in module["snapshots"]:
@@ -158,8 +155,8 @@ def _render_text(inventory: dict[str, object]) -> None:
             table.add_row(
                 _text(snapshot["ordinal"]),
                 snapshot["role"],
-                safe(snapshot["pipeline"] or ""),
-                safe(label),
+                rich_text(snapshot["pipeline"] or ""),
+                rich_text(label),
                 _size(snapshot["size"]),
                 "error" if snapshot["error"] else _text(snapshot["instructions"]),
             )
@@ -172,7 +169,7 @@ def _render_text(inventory: dict[str, object]) -> None:
         table.add_column("file")
         table.add_column("message")
         for error in errors:
-            table.add_row(safe(error["path"]), safe(error["message"]))
+            table.add_row(rich_text(error["path"]), rich_text(error["message"]))
         console.print(table)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import html
 import re
 
-__all__ = ["html_text", "md_code", "md_fence", "md_text", "plain", "plain_block"]
+__all__ = ["html_text", "md_code", "md_fence", "md_text", "plain", "plain_block", "rich_text"]
 
 _ST = r"(?:\x07|\x1b\\|\x9c)"
 _SEQUENCES = re.compile(
@@ -93,3 +93,10 @@ def md_fence(code: object, language: str = "") -> list[str]:
 def html_text(text: object) -> str:
     """``text`` for HTML text or a quoted attribute (controls removed, markup escaped)."""
     return html.escape(plain_block(text), quote=True)
+
+
+def rich_text(text: object) -> str:
+    """Text from a dump for a rich table cell: :func:`plain`, with rich markup (``[bold]``) escaped."""
+    from rich.markup import escape  # rich is imported by the text reports only
+
+    return escape(plain(text))
