@@ -15,7 +15,7 @@ import functools
 import re
 from pathlib import Path
 
-__all__ = ["program_mesh_axes", "recorded_parameter_path"]
+__all__ = ["parsed_program", "program_mesh_axes", "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
 _MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
@@ -26,15 +26,30 @@ Names = tuple[str, ...]
 Shape = tuple[int, ...] | None
 
 
+def parsed_program(path: str | None) -> ast.Module | None:
+    """The user's program at ``path`` parsed once per version of the file (None: unreadable, too big)."""
+    if not path:
+        return None
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError:
+        return None
+    return _parse(path, mtime)
+
+
 @functools.lru_cache(maxsize=32)
-def _mesh_axes(path: str, mtime: float) -> tuple[tuple[Names, Shape], ...]:
+def _parse(path: str, mtime: float) -> ast.Module | None:
     try:
         file = Path(path)
         if file.stat().st_size > _READ_LIMIT:
-            return ()
-        tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
+            return None
+        return ast.parse(file.read_text(encoding="utf-8", errors="replace"))
     except (OSError, SyntaxError, ValueError):
-        return ()
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _mesh_axes(tree: ast.Module) -> tuple[tuple[Names, Shape], ...]:
     found: list[tuple[Names, Shape]] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -83,13 +98,10 @@ def program_mesh_axes(path: str | None, sizes: tuple[int, ...]) -> Names | None:
     A construction counts when it writes the same shape as literal ints, or, for a 1-D mesh,
     when it names one axis (nothing to misorder).
     """
-    if not path:
+    tree = parsed_program(path)
+    if tree is None:
         return None
-    try:
-        mtime = Path(path).stat().st_mtime
-    except OSError:
-        return None
-    matching = {names for names, shape in _mesh_axes(path, mtime)
+    matching = {names for names, shape in _mesh_axes(tree)
                 if len(names) == len(sizes) and (shape == sizes or (shape is None and len(sizes) == 1))}
     return next(iter(matching)) if len(matching) == 1 else None
 

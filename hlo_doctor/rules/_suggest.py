@@ -6,8 +6,9 @@ import ast
 import functools
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from hlo_doctor.rules._program import parsed_program
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
 
@@ -69,19 +70,9 @@ def round_up(value: int, multiple: int) -> int:
 
 # -- the user's own variable ---------------------------------------------------------
 
-_READ_LIMIT = 2_000_000  # bytes: a source file bigger than this is not parsed for a name
-
-
-@functools.lru_cache(maxsize=64)
-def _assignments(path: str, mtime: float) -> dict[int, str]:
+@functools.lru_cache(maxsize=32)
+def _assignments(tree: ast.Module) -> dict[int, str]:
     """Line -> the one variable its statement assigns, for every line of an assignment."""
-    try:
-        file = Path(path)
-        if file.stat().st_size > _READ_LIMIT:
-            return {}
-        tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return {}
     found: dict[int, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -108,13 +99,8 @@ def _target_name(target: ast.expr) -> str | None:
 
 def assigned_name(path: str | None, line: int | None) -> str | None:
     """The variable the statement on ``path``:``line`` assigns (``h`` of ``h = x @ w1.T + b1``), or None."""
-    if not path or not line:
-        return None
-    try:
-        mtime = Path(path).stat().st_mtime
-    except OSError:
-        return None
-    return _assignments(path, mtime).get(line)
+    tree = parsed_program(path) if line else None
+    return _assignments(tree).get(line) if tree is not None else None
 
 
 def rename_value(code: str | None, placeholder: str, name: str) -> str | None:
