@@ -24,6 +24,8 @@ from typing import Any
 from hlo_doctor._version import __version__
 
 __all__ = [
+    "EDIT_KINDS",
+    "DimAxes",
     "Finding",
     "ModuleSummary",
     "Report",
@@ -31,6 +33,7 @@ __all__ = [
     "Severity",
     "Skip",
     "SourceRef",
+    "SourceEdit",
     "Suggestion",
 ]
 
@@ -54,13 +57,66 @@ class SourceRef:
     function: str | None = None
 
 
+DimAxes = tuple[str, ...] | None
+"""The mesh axes one tensor dim is split over, major first (None: not split)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEdit:
+    """The change to the user's program a suggestion amounts to, for ``hlo-doctor fix``.
+
+    Rules say *what* to change in the program's terms; :mod:`hlo_doctor.fix` turns it into a
+    source edit (or says why it cannot). ``kind`` is one of :data:`EDIT_KINDS`:
+
+    * ``constrain``: after the statement on ``file``:``line`` that assigns ``target``, constrain
+      ``target`` to ``spec`` (``jax.lax.with_sharding_constraint`` / ``xs.mark_sharding``).
+    * ``respec``: the sharding call on ``file``:``line`` (``mark_sharding``, ``P(...)`` in a
+      ``NamedSharding``, ``with_sharding_constraint``, ``device_put``, ``in_shardings``) writes
+      ``old_spec`` for ``target``; write ``spec`` instead.
+    * ``mesh``: the mesh construction on ``file``:``line``; ``details`` has ``axis_names`` (the
+      new order, major first) and/or ``shape``, or ``device_order: "host-major"``.
+    * ``logical-rule``: the Flax logical axis rules on ``file``:``line``; ``details`` has
+      ``logical`` (the logical axis name) and ``mesh_axes`` (its new mesh axes, major first).
+    * ``layout-map-key``: the Keras ``LayoutMap`` assigned on ``file``:``line``; ``details`` has
+      ``key`` (a regex that matches ``target``, the variable path) and ``spec``.
+    * ``with-partitioning``: the initializer on ``file``:``line`` of the NNX parameter ``target``
+      gets ``nnx.with_partitioning(init, spec)``.
+    * ``shard-output``: the FSDPv2 wrapper on ``file``:``line`` gets a ``shard_output`` that marks
+      the output's dim 0 over ``spec[0]``'s axes.
+    * ``xla-flag``: remove ``details["flag"]`` from ``XLA_FLAGS`` (no source line).
+
+    ``file``/``line`` None: the finding's own source line. ``framework`` is ``jax`` or
+    ``torch_xla``; ``mesh`` names the program's mesh variable when it is known.
+    """
+
+    kind: str
+    framework: str
+    target: str | None = None
+    spec: tuple[DimAxes, ...] | None = None
+    old_spec: tuple[DimAxes, ...] | None = None
+    file: str | None = None
+    line: int | None = None
+    mesh: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+EDIT_KINDS = ("constrain", "respec", "mesh", "logical-rule", "layout-map-key", "with-partitioning",
+              "shard-output", "xla-flag")
+
+
 @dataclass(frozen=True, slots=True)
 class Suggestion:
-    """What to do: a one-line summary and code for each framework (None: no code)."""
+    """What to do: a one-line summary and code for each framework (None: no code).
+
+    ``edits``: the same as changes to the program (:class:`SourceEdit`), empty when the rule
+    cannot say; ``no_edit``: why no safe edit can be made, when the rule knows.
+    """
 
     summary: str
     jax: str | None = None
     torch_xla: str | None = None
+    edits: tuple[SourceEdit, ...] = ()
+    no_edit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

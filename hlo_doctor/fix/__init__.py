@@ -1,0 +1,57 @@
+"""``hlo-doctor fix``: findings' suggestions turned into edits of the user's program.
+
+Each finding's :class:`~hlo_doctor.findings.Suggestion` carries
+:class:`~hlo_doctor.findings.SourceEdit` records: what to change, in the program's
+terms (the variable on the line, the mesh's axis names, the lever the user holds).
+:func:`plan_fixes` turns them into source edits with libcst, which keeps the
+program's formatting and comments; a finding whose edit cannot be made safely is
+listed with the reason, never guessed. :mod:`hlo_doctor.fix.verify` closes the loop:
+it recompiles the patched copy through the runner and diagnoses it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from hlo_doctor.findings import Finding, SourceEdit
+
+__all__ = ["FixPlan", "PlannedEdit", "Refusal", "plan_fixes"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEdit:
+    """One edit made: the finding it answers, the edit and a one-line description."""
+
+    finding: Finding
+    edit: SourceEdit
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A finding whose fix could not be made into a safe edit, and why."""
+
+    finding: Finding
+    reason: str
+
+
+@dataclass
+class FixPlan:
+    """The edits for a set of findings: each file's text before and after, what was done and refused."""
+
+    originals: dict[str, str] = field(default_factory=dict)
+    patched: dict[str, str] = field(default_factory=dict)
+    applied: list[PlannedEdit] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+
+    def diff(self) -> str:
+        """A unified diff of every patched file (``a/``, ``b/`` paths as given)."""
+        raise NotImplementedError  # built in hlo_doctor.fix.apply
+
+def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
+               select: Collection[str] = ()) -> FixPlan:
+    """The edits for ``findings`` (only the rules in ``select`` when given) to the files their
+    edits name; ``program``: the script the dump came from (the runner's record), for edits
+    whose file the finding does not name."""
+    raise NotImplementedError  # built in hlo_doctor.fix.apply
