@@ -259,3 +259,60 @@ def test_sarif_puts_the_seed_findings_on_the_users_program_lines() -> None:
     # x @ w1.T + b1 is line 49 of the seed program: the first layer's output lost the batch
     # sharding, which causes both activation gathers (listed in the finding, not reported again)
     assert located == [("non-batch-dim-sharding", "fsdp_activation_gather.py", 49)]
+
+
+# Counted by hand from the after_spmd-partitioning snapshots (f32: 4 bytes; bytes per device per step:
+# the gathered result, the larger side of an all-gather).
+#   torch_xla-bad:   %all-gather   = f32[160,1280] all-gather(%param)   (x, parameter 2: data)  160*1280*4 = 819200
+#                    %all-gather.1 = f32[160,960]  all-gather(%add.0)   (h = x @ w1 + b1: data) 160*960*4  = 614400
+#                    critical path 819200 + 614400 = 1433600 B = 1.37 MiB; prefetchable 0
+#   torch_xla-fixed: %all-gather   = f32[1280,960] all-gather(%transpose.0) (w1, parameter 1)  1280*960*4 = 4915200
+#                    %all-gather.1 = f32[960,128]  all-gather(%transpose.1) (w2, parameter 3)  960*128*4  = 491520
+#                    all 5406720 B = 5.16 MiB prefetchable (derived from weights only); critical path 0
+TORCH_BAD = FIXTURES / "fsdp-activation-gather" / "torch_xla-bad"
+TORCH_FIXED = FIXTURES / "fsdp-activation-gather" / "torch_xla-fixed"
+
+
+@pytest.mark.parametrize("before, after", [(TORCH_BAD, TORCH_FIXED), (SEED_BAD, SEED_FIXED)],
+                         ids=["torch_xla", "jax-shardy"])
+def test_critical_path_gate_passes_the_right_fix_that_sends_more_bytes(before: Path, after: Path) -> None:
+    failed = run("diff", str(before), str(after), "--max-comm-increase", "10")
+    assert failed.exit_code == 1
+    assert "collective bytes grew 277.1% (limit 10%)" in failed.stderr
+    passed = run("diff", str(before), str(after), "--max-comm-increase", "10", "--critical-path")
+    assert passed.exit_code == 0, passed.output
+    assert ("collective bytes per device: 1.37 MiB -> 5.16 MiB (+277%), on the critical path 1.37 MiB -> 0 B "
+            "(-100%)") in passed.stdout
+    assert "  activation-gather        1.37 MiB -> 0 B         -100%" in passed.stdout
+    data = json.loads(run("diff", str(before), str(after), "--format", "json").stdout)
+    assert data["bytes_per_device"] == {"before": 1433600, "after": 5406720,
+                                        "increase_pct": pytest.approx(277.14, abs=0.01)}
+    assert data["critical_path_bytes_per_device"] == {"before": 1433600, "after": 0, "increase_pct": -100.0}
+    assert data["bytes_per_device_by_role"] == {"activation-gather": {"before": 1433600, "after": 0},
+                                                "weight-gather": {"before": 0, "after": 5406720}}
+
+
+def test_critical_path_gate_fails_the_change_that_puts_gathers_on_it() -> None:
+    result = run("diff", str(TORCH_FIXED), str(TORCH_BAD), "--max-comm-increase", "10", "--critical-path")
+    assert result.exit_code == 1
+    assert "collective bytes on the critical path grew from 0 B to 1.37 MiB (limit 10%)" in result.stderr
+
+
+def test_critical_path_needs_max_comm_increase() -> None:
+    result = run("diff", str(SEED_BAD), str(SEED_FIXED), "--critical-path")
+    assert result.exit_code == 2
+    assert "add --max-comm-increase" in result.output
+
+
+def test_byte_account_splits_a_training_step_into_prefetchable_gathers_and_critical_reductions() -> None:
+    from hlo_doctor.dump import load_dump
+    from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+
+    dump = load_dump(FIXTURES / "train-step" / "jax-shardy-healthy")
+    (module,) = dump.modules
+    account = RuleContext(dump, module, AnalysisOptions()).semantics.bytes
+    assert account.total == account.critical + account.prefetchable
+    # FSDP: every weight gather derives from the weights only; the gradients and the loss from the batch
+    assert account.prefetchable == account.by_role["weight-gather"]
+    assert account.critical == account.by_role["gradient-reduce"] + account.by_role["scalar-reduce"]
+    assert {c.role for c in account.overlappable_gathers} == {"weight-gather"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import click
@@ -32,6 +33,7 @@ from hlo_doctor.report.diff import (
 )
 from hlo_doctor.report.safe import plain
 from hlo_doctor.rules import discover
+from hlo_doctor.units import format_bytes
 
 
 @click.command("check")
@@ -136,19 +138,30 @@ def config_command(config_file, output_format):
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to this file.")
 @click.option("--max-comm-increase", type=click.FloatRange(min=0), metavar="PCT",
               help="Fail (exit 1) when collective bytes per device grow by more than PCT percent.")
+@click.option("--critical-path", is_flag=True,
+              help="--max-comm-increase limits the bytes on the critical path (collectives whose operand "
+                   "derives from the step's data) instead of all bytes: prefetchable weight gathers may grow.")
 @click.option("--devices-per-host", type=click.IntRange(min=1), help="Devices per host (for cross-host bytes).")
 @click.option("--select", multiple=True, metavar="ID", help="Run only these rules.")
 @click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Configuration file.")
 @input_errors_exit_2
-def diff_command(before, after, output_format, output, max_comm_increase, devices_per_host, select, ignore,
-                 config_file):
-    """Compare two dumps of the same program: collectives, findings, parameter shardings.
+def diff_command(before, after, output_format, output, max_comm_increase, critical_path, devices_per_host, select,
+                 ignore, config_file):
+    """Compare two dumps of the same program: collectives, bytes by role, findings, parameter shardings.
 
     Exits 1 when new findings appear or collective bytes grow by more than
-    --max-comm-increase percent; 0 otherwise; 2 on input errors.
+    --max-comm-increase percent (with --critical-path: the bytes on the critical
+    path, so a fix that trades activation gathers for prefetchable weight
+    gathers passes); 0 otherwise; 2 on input errors.
+
+    \b
+      hlo-doctor diff main-dump pr-dump --max-comm-increase 10
+      hlo-doctor diff main-dump pr-dump --max-comm-increase 10 --critical-path
     """
+    if critical_path and max_comm_increase is None:
+        raise click.UsageError("--critical-path chooses the bytes --max-comm-increase limits: add --max-comm-increase")
 
     config = effective_config(config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host)
     diff = diff_dumps(
@@ -166,8 +179,14 @@ def diff_command(before, after, output_format, output, max_comm_increase, device
     reasons = []
     if diff.added:
         reasons.append(f"{len(diff.added)} new finding{'s' if len(diff.added) != 1 else ''}")
-    if max_comm_increase is not None and diff.comm_increase_pct > max_comm_increase:
-        reasons.append(f"collective bytes grew {diff.comm_increase_pct:.1f}% (limit {max_comm_increase:g}%)")
+    if max_comm_increase is not None:
+        grew, what, before, after = (
+            (diff.critical_increase_pct, "collective bytes on the critical path", diff.critical_before,
+             diff.critical_after) if critical_path
+            else (diff.comm_increase_pct, "collective bytes", diff.bytes_before, diff.bytes_after))
+        if grew > max_comm_increase:
+            by = f"{grew:.1f}%" if math.isfinite(grew) else f"from {format_bytes(before)} to {format_bytes(after)}"
+            reasons.append(f"{what} grew {by} (limit {max_comm_increase:g}%)")
     if reasons:
         click.echo("; ".join(reasons), err=True)
         raise SystemExit(1)

@@ -3,8 +3,11 @@
 Modules pair up by name without numeric suffixes (``module_0003.jit_step``
 and ``module_0011.jit_step``; ``SyncTensorsGraph.33`` and ``.35``), in order
 when a name repeats. For each pair: collectives by kind (executions per step,
-bytes per device, bytes that cross hosts), findings added and removed
-(matched by fingerprint), and entry parameters whose sharding changed.
+bytes per device, bytes that cross hosts), collective bytes by role and on the critical
+path (:mod:`hlo_doctor.semantics.critical_path`: operands derived from the
+step's data wait on its compute; weight gathers can be prefetched), findings
+added and removed (matched by fingerprint), and entry parameters whose
+sharding changed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from hlo_doctor.findings import Finding, Report
 from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
 from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+from hlo_doctor.semantics.critical_path import ByteAccount
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,8 @@ class ModuleDiff:
     parameters: tuple[ParameterChange, ...]
     collectives_removed: tuple[CollectiveDetail, ...] = ()
     collectives_added: tuple[CollectiveDetail, ...] = ()
+    accounts: tuple[ByteAccount, ByteAccount] = (ByteAccount(), ByteAccount())
+    """bytes by role and on the critical path, before and after"""
 
     @property
     def bytes_before(self) -> int:
@@ -87,6 +93,21 @@ class ModuleDiff:
     @property
     def bytes_after(self) -> int:
         return sum(a.bytes_per_device for _, a in self.collectives.values())
+
+    @property
+    def critical_before(self) -> int:
+        return self.accounts[0].critical
+
+    @property
+    def critical_after(self) -> int:
+        return self.accounts[1].critical
+
+    @property
+    def roles(self) -> dict[str, tuple[int, int]]:
+        """role -> (bytes per device per step before, after), roles with bytes on either side."""
+        before, after = self.accounts[0].by_role, self.accounts[1].by_role
+        return {role: (before.get(role, 0), after.get(role, 0))
+                for role in (*before, *(r for r in after if r not in before))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +127,30 @@ class DumpDiff:
 
     @property
     def comm_increase_pct(self) -> float:
-        if self.bytes_before == 0:
-            return 0.0 if self.bytes_after == 0 else float("inf")
-        return 100.0 * (self.bytes_after - self.bytes_before) / self.bytes_before
+        return _increase_pct(self.bytes_before, self.bytes_after)
+
+    @property
+    def critical_before(self) -> int:
+        """Collective bytes per device per step on the critical path (operands derived from the step's data)."""
+        return sum(m.critical_before for m in self.modules)
+
+    @property
+    def critical_after(self) -> int:
+        return sum(m.critical_after for m in self.modules)
+
+    @property
+    def critical_increase_pct(self) -> float:
+        return _increase_pct(self.critical_before, self.critical_after)
+
+    @property
+    def roles(self) -> dict[str, tuple[int, int]]:
+        """role -> (bytes before, after) over all modules."""
+        totals: dict[str, tuple[int, int]] = {}
+        for module in self.modules:
+            for role, (before, after) in module.roles.items():
+                old = totals.get(role, (0, 0))
+                totals[role] = (old[0] + before, old[1] + after)
+        return totals
 
     @property
     def added(self) -> tuple[Finding, ...]:
@@ -117,6 +159,12 @@ class DumpDiff:
     @property
     def removed(self) -> tuple[Finding, ...]:
         return tuple(f for m in self.modules for f in m.removed)
+
+
+def _increase_pct(before: int, after: int) -> float:
+    if before == 0:
+        return 0.0 if after == 0 else float("inf")
+    return 100.0 * (after - before) / before
 
 
 def diff_dumps(before: str, after: str, **options: Any) -> DumpDiff:
@@ -128,21 +176,22 @@ def diff_dumps(before: str, after: str, **options: Any) -> DumpDiff:
     analysis = AnalysisOptions(devices_per_host=options.get("devices_per_host"))
     modules = []
     for name, old, new in _pair_modules(before_dump, after_dump):
-        old_ops = _collective_details(before_dump, old, analysis)
-        new_ops = _collective_details(after_dump, new, analysis)
+        old_ctx = RuleContext(before_dump, old, analysis) if old is not None else None
+        new_ctx = RuleContext(after_dump, new, analysis) if new is not None else None
+        old_ops = _collective_details(old_ctx)
+        new_ops = _collective_details(new_ctx)
         modules.append(
             ModuleDiff(
                 name=name,
                 before=old.key if old else None,
                 after=new.key if new else None,
-                collectives=_collective_diff(
-                    _collectives(before_dump, old, analysis), _collectives(after_dump, new, analysis)
-                ),
+                collectives=_collective_diff(_collectives(old_ctx), _collectives(new_ctx)),
                 added=_findings_only_in(after_report, before_report, new, old),
                 removed=_findings_only_in(before_report, after_report, old, new),
                 parameters=_parameter_changes(old, new),
                 collectives_removed=_only_in(old_ops, new_ops),
                 collectives_added=_only_in(new_ops, old_ops),
+                accounts=(_account(old_ctx), _account(new_ctx)),
             )
         )
     errors = tuple(f"{e.path}: {e.message}" for e in (*before_report.errors, *after_report.errors))
@@ -166,10 +215,13 @@ def _pair_modules(
             )
 
 
-def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> dict[str, CollectiveTotals]:
-    if module is None:
+def _account(ctx: RuleContext | None) -> ByteAccount:
+    return ctx.semantics.bytes if ctx is not None else ByteAccount()
+
+
+def _collectives(ctx: RuleContext | None) -> dict[str, CollectiveTotals]:
+    if ctx is None:
         return {}
-    ctx = RuleContext(dump, module, options)
     totals: dict[str, CollectiveTotals] = {}
     for op in ctx.collectives:
         times = ctx.executions.get(op.computation, 1)
@@ -183,11 +235,9 @@ def _collectives(dump: Dump, module: DumpModule | None, options: AnalysisOptions
     return totals
 
 
-def _collective_details(dump: Dump, module: DumpModule | None, options: AnalysisOptions) -> list[CollectiveDetail]:
-    if module is None:
+def _collective_details(ctx: RuleContext | None) -> list[CollectiveDetail]:
+    if ctx is None:
         return []
-
-    ctx = RuleContext(dump, module, options)
     hlo = ctx.per_device
     if hlo is None or hlo.entry is None:
         return []

@@ -24,13 +24,19 @@ def _pct(before: int, after: int) -> str:
     return f"{100.0 * (after - before) / before:+.0f}%"
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def diff_to_dict(diff: DumpDiff) -> dict[str, Any]:
-    increase = diff.comm_increase_pct
     return {
         "before": diff.before,
         "after": diff.after,
         "bytes_per_device": {"before": diff.bytes_before, "after": diff.bytes_after,
-                             "increase_pct": increase if math.isfinite(increase) else None},
+                             "increase_pct": _finite(diff.comm_increase_pct)},
+        "critical_path_bytes_per_device": {"before": diff.critical_before, "after": diff.critical_after,
+                                           "increase_pct": _finite(diff.critical_increase_pct)},
+        "bytes_per_device_by_role": {role: {"before": b, "after": a} for role, (b, a) in diff.roles.items()},
         "modules": [
             {
                 "name": m.name,
@@ -43,6 +49,8 @@ def diff_to_dict(diff: DumpDiff) -> dict[str, Any]:
                     }
                     for kind, (b, a) in m.collectives.items()
                 },
+                "critical_path_bytes": {"before": m.critical_before, "after": m.critical_after},
+                "bytes_by_role": {role: {"before": b, "after": a} for role, (b, a) in m.roles.items()},
                 "findings_added": [finding_to_dict(f) for f in m.added],
                 "findings_removed": [finding_to_dict(f) for f in m.removed],
                 "collectives_removed": [_detail(d) for d in m.collectives_removed],
@@ -83,6 +91,12 @@ def render_diff_text(diff: DumpDiff) -> str:
                 )
         else:
             lines.append("  no collectives")
+        if m.roles:
+            lines.append(f"  {'role':<22}{'bytes/device':>27}")
+            for role, (b, a) in m.roles.items():
+                lines.append(f"  {role:<22}{format_bytes(b):>11} -> {format_bytes(a):<11} {_pct(b, a):>4}")
+            lines.append(f"  {'on the critical path':<22}{format_bytes(m.critical_before):>11} -> "
+                         f"{format_bytes(m.critical_after):<11} {_pct(m.critical_before, m.critical_after):>4}")
         for detail in m.collectives_removed:
             lines.append(f"  - {detail.describe()}")
         for detail in m.collectives_added:
@@ -96,7 +110,9 @@ def render_diff_text(diff: DumpDiff) -> str:
     lines.append("")
     lines.append(
         f"collective bytes per device: {format_bytes(diff.bytes_before)} -> {format_bytes(diff.bytes_after)} "
-        f"({_pct(diff.bytes_before, diff.bytes_after)}); findings: +{len(diff.added)} -{len(diff.removed)}"
+        f"({_pct(diff.bytes_before, diff.bytes_after)}), on the critical path {format_bytes(diff.critical_before)} "
+        f"-> {format_bytes(diff.critical_after)} ({_pct(diff.critical_before, diff.critical_after)}); "
+        f"findings: +{len(diff.added)} -{len(diff.removed)}"
     )
     for error in diff.errors:
         lines.append(f"error: {error}")
@@ -106,7 +122,9 @@ def render_diff_text(diff: DumpDiff) -> str:
 def render_diff_markdown(diff: DumpDiff) -> str:
     lines = [
         f"### hlo-doctor diff: collective bytes per device {format_bytes(diff.bytes_before)} -> {format_bytes(diff.bytes_after)} "
-        f"({_pct(diff.bytes_before, diff.bytes_after)}), findings +{len(diff.added)} -{len(diff.removed)}",
+        f"({_pct(diff.bytes_before, diff.bytes_after)}), on the critical path {format_bytes(diff.critical_before)} "
+        f"-> {format_bytes(diff.critical_after)} ({_pct(diff.critical_before, diff.critical_after)}), "
+        f"findings +{len(diff.added)} -{len(diff.removed)}",
         "",
     ]
     for m in diff.modules:
@@ -116,6 +134,11 @@ def render_diff_markdown(diff: DumpDiff) -> str:
                 f"| {md_code(kind, in_table=True)} | {b.count} → {a.count} | {format_bytes(b.bytes_per_device)} → {format_bytes(a.bytes_per_device)} "
                 f"({_pct(b.bytes_per_device, a.bytes_per_device)}) | {format_bytes(b.cross_host_bytes)} → {format_bytes(a.cross_host_bytes)} |"
             )
+        for role, (b, a) in m.roles.items():
+            lines.append(f"| {md_text(role)} (role) | | {format_bytes(b)} → {format_bytes(a)} ({_pct(b, a)}) | |")
+        if m.roles:
+            lines.append(f"| on the critical path | | {format_bytes(m.critical_before)} → "
+                         f"{format_bytes(m.critical_after)} ({_pct(m.critical_before, m.critical_after)}) | |")
         lines.append("")
         for detail in m.collectives_removed:
             lines.append(f"- removed {md_text(detail.describe())}")

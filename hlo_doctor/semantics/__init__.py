@@ -12,6 +12,8 @@ One :class:`ModuleSemantics` per module, cached on the rule context
 * :attr:`ModuleSemantics.batch`: the batch dims of every value
   (:mod:`.batch_dims`), and :attr:`ModuleSemantics.data_parallel_axes`: the
   mesh axes that split the batch or over which gradients are reduced;
+* :attr:`ModuleSemantics.bytes`: collective bytes per device per step by role, and
+  on the critical path against prefetchable (:mod:`.critical_path`);
 * :meth:`ModuleSemantics.cost`: time per collective and per matmul on a
   hardware profile (:mod:`.cost`).
 
@@ -31,6 +33,7 @@ from hlo_doctor.hlo.ir import HloModule
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts, collective_facts
 from hlo_doctor.semantics.cost import CostModel
+from hlo_doctor.semantics.critical_path import ByteAccount, CollectiveBytes, account_bytes
 from hlo_doctor.semantics.execution import Executions, execution_counts
 from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
 from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVATION_ROLES",
     "ROLES",
+    "ByteAccount",
+    "CollectiveBytes",
     "CollectiveFacts",
     "CollectiveRole",
     "EntryParameters",
@@ -93,6 +98,14 @@ class ModuleSemantics:
         if graph is None or params is None or batch is None:
             return ()
         return assign_roles(graph, params, batch, self.collectives)
+
+    @cached_property
+    def bytes(self) -> ByteAccount:
+        """Collective bytes per device per step by role, on the critical path and prefetchable."""
+        graph, params = self.view.graph, self.parameters
+        if graph is None or params is None:
+            return ByteAccount()
+        return account_bytes(graph, params, self.roles)
 
     @cached_property
     def _roles_by_name(self) -> dict[tuple[str, str], CollectiveRole]:
