@@ -6,6 +6,7 @@ import click
 
 from hlo_doctor.cli.analyze import analyze_command, rules_command
 from hlo_doctor.cli.collectives import collectives_command
+from hlo_doctor.cli.fix import fix_command
 from hlo_doctor.cli.gate import check_command, config_command, diff_command
 from hlo_doctor.cli.ls import ls_command
 from hlo_doctor.cli.run import examples_command, run_command
@@ -17,6 +18,7 @@ COMMANDS: tuple[click.Command, ...] = (
     analyze_command,
     check_command,
     diff_command,
+    fix_command,
     rules_command,
     config_command,
     run_command,

@@ -48,41 +48,69 @@ def load_rules(strict_plugins: bool = False):
     return registry
 
 
+def _analysis_decorators() -> dict[str, Callable[..., Any]]:
+    """The options ``analyze`` and ``check`` share, by parameter name, in ``--help`` order."""
+    return {
+        "output_format": click.option(
+            "--format", "output_format", type=click.Choice(FORMATS), default="text", show_default=True,
+            help="Output format (html: one self-contained file, for -o)."),
+        "output": click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+                               help="Write the report to this file instead of stdout."),
+        "devices_per_host": click.option("--devices-per-host", type=click.IntRange(min=1),
+                                         help="Devices per host, to judge which collectives cross hosts."),
+        "hardware": click.option(
+            "--hardware", metavar="NAME",
+            help="Hardware profile for cost estimates: a100, b200, h100, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, or a JSON file."),
+        "select": click.option("--select", multiple=True, metavar="ID",
+                               help="Run only these rules (repeat or comma-separate)."),
+        "ignore": click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules."),
+        "config_file": click.option(
+            "--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Configuration file (default: the nearest hlo-doctor.toml, or pyproject.toml "
+                 "with [tool.hlo-doctor])."),
+        "verbose": click.option(
+            "-v", "--verbose", is_flag=True,
+            help="Text: add each finding's dump location, HLO line and evidence, and the modules' collectives."),
+        "quiet": click.option("-q", "--quiet", is_flag=True,
+                              help="Print the findings only: no summary, no messages on stderr."),
+        "statistics": click.option("--statistics", is_flag=True,
+                                   help="Print the number of findings per rule instead of them."),
+        "exit_zero": click.option("--exit-zero", is_flag=True,
+                                  help="Exit 0 even when findings remain (errors in the input still exit 2)."),
+        "show_source_anywhere": click.option(
+            "--show-source-anywhere", is_flag=True,
+            help="Quote source lines from any file the dump names, not only from files below the "
+                 "project root or the runner's program folder."),
+        "jobs": click.option(
+            "--jobs", "-j", type=click.IntRange(min=1), default=None,
+            help="Processes that may share a big module's rules (1: all in this one).  "
+                 "[default: 2 on a machine with 2+ cores]"),
+        "strict_plugins": strict_plugins_option,
+    }
+
+
 def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options ``analyze`` and ``check`` share (flags override the config file)."""
-    decorators = [
-        click.option("--format", "output_format", type=click.Choice(FORMATS), default="text", show_default=True,
-                     help="Output format (html: one self-contained file, for -o)."),
-        click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
-                     help="Write the report to this file instead of stdout."),
-        click.option("--devices-per-host", type=click.IntRange(min=1),
-                     help="Devices per host, to judge which collectives cross hosts."),
-        click.option("--hardware", metavar="NAME",
-                     help="Hardware profile for cost estimates: a100, b200, h100, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, or a JSON file."),
-        click.option("--select", multiple=True, metavar="ID", help="Run only these rules (repeat or comma-separate)."),
-        click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules."),
-        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     help="Configuration file (default: the nearest hlo-doctor.toml, or pyproject.toml "
-                          "with [tool.hlo-doctor])."),
-        click.option("-v", "--verbose", is_flag=True,
-                     help="Text: add each finding's dump location, HLO line and evidence, and the modules' "
-                          "collectives."),
-        click.option("-q", "--quiet", is_flag=True,
-                     help="Print the findings only: no summary, no messages on stderr."),
-        click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of them."),
-        click.option("--exit-zero", is_flag=True,
-                     help="Exit 0 even when findings remain (errors in the input still exit 2)."),
-        click.option("--show-source-anywhere", is_flag=True,
-                     help="Quote source lines from any file the dump names, not only from files below the "
-                          "project root or the runner's program folder."),
-        click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-                     help="Processes that may share a big module's rules (1: all in this one).  "
-                          "[default: 2 on a machine with 2+ cores]"),
-        strict_plugins_option,
-    ]
-    for decorator in reversed(decorators):
+    for decorator in reversed(list(_analysis_decorators().values())):
         command = decorator(command)
     return command
+
+
+# The options that choose and configure the analysis itself (no output options), for commands that
+# analyze on the way to something else (``fix``).
+RULE_OPTIONS = ("devices_per_host", "hardware", "ignore", "config_file", "verbose", "jobs", "strict_plugins")
+
+
+def some_analysis_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The named options of :func:`analysis_options` (parameter names, e.g. :data:`RULE_OPTIONS`)."""
+    chosen = _analysis_decorators()
+
+    def apply(command: Callable[..., Any]) -> Callable[..., Any]:
+        for name in reversed(names):
+            command = chosen[name](command)
+        return command
+
+    return apply
 
 
 def effective_config(config_file: Path | None, registry=None, **overrides: Any) -> Config:

@@ -1,0 +1,182 @@
+"""``hlo-doctor fix``: the findings' suggestions as a patch of the user's program, optionally verified.
+
+Exit codes: 0 when every finding got an edit (with ``--verify``: and every targeted finding is
+gone after recompiling, with no new warning), 1 when a finding has no safe edit (listed with the
+reason) or the verification failed, 2 on bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+import hlo_doctor.fix as fixlib
+from hlo_doctor.cli.common import (
+    RULE_OPTIONS,
+    effective_config,
+    emit,
+    fail,
+    ids,
+    input_errors_exit_2,
+    load_rules,
+    run_analysis,
+    some_analysis_options,
+)
+from hlo_doctor.cli.run import _split_command
+from hlo_doctor.errors import InputError
+from hlo_doctor.files import write_atomically
+from hlo_doctor.fix.output import (
+    dumps,
+    plan_text,
+    plan_to_dict,
+    refusals_text,
+    verification_text,
+    verification_to_dict,
+)
+from hlo_doctor.fix.verify import verify_fix
+from hlo_doctor.runner.detect import FrameworkError
+from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
+from hlo_doctor.runner.run import RunError
+from hlo_doctor.runner.targets import TargetError, parse_target
+
+
+def _plan(findings, program, select):  # noqa: ANN001, ANN202
+    try:
+        return fixlib.plan_fixes(findings, program=program, select=select)
+    except NotImplementedError:
+        raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None
+
+
+def _known_rules(select: list[str], registry) -> list[str]:  # noqa: ANN001
+    unknown = [rule_id for rule_id in select if rule_id not in registry.ids()]
+    if unknown:
+        raise InputError(f"unknown rule id '{unknown[0]}' (known: {', '.join(sorted(registry.ids()))})")
+    return select
+
+
+@click.command("fix", context_settings={"ignore_unknown_options": True})
+@click.option("--write", is_flag=True,
+              help="Apply the patch to the files (with --verify: only when the verification passed).")
+@click.option("--select", multiple=True, metavar="ID", help="Fix only the findings of these rules.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+@click.option("--verify", is_flag=True,
+              help="Run `-- python SCRIPT [ARGS]` through the runner, patch a copy, recompile it and "
+                   "diagnose it again.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATCHED.py",
+              help="--verify: keep the patched copy here (default: a scratch copy, removed afterwards; "
+                   "it runs with the original's folder on PYTHONPATH).")
+@click.option("--devices", type=click.IntRange(min=1), help="--verify: simulate this many CPU devices.")
+@click.option("--target", "target", metavar="TARGET",
+              help="--verify, JAX only: compile for a GPU cluster or TPU slice without the hardware "
+                   "(as for `hlo-doctor run --target`).")
+@click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="--verify: keep the dumps before and after in DIR/before and DIR/after.")
+@some_analysis_options(*RULE_OPTIONS)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[DUMP | -- python SCRIPT [ARGS]...]")
+@input_errors_exit_2
+def fix_command(write, select, output_format, verify, command, **options):
+    """Turn each finding's suggestion into an edit of the program, or verify it by recompiling.
+
+    \b
+      hlo-doctor fix ./dump                     # print the patch (a unified diff)
+      hlo-doctor fix ./dump --write             # apply it
+      hlo-doctor fix --verify --devices 4 -- python train.py --steps 1
+      hlo-doctor fix --verify -o train_fixed.py --devices 4 -- python train.py
+
+    The diff goes to stdout and the findings with no safe edit, with the reason, to stderr.
+    --verify reports per targeted finding gone / still there, new findings, and the
+    collective bytes per device per step by role, on the critical path and prefetchable,
+    before -> after. Exits 0 when every finding got an edit (and, with --verify, every
+    targeted finding is gone and no new warning appeared); 1 otherwise; 2 on bad input.
+    """
+    registry = load_rules(options["strict_plugins"])
+    config = effective_config(options["config_file"], registry, ignore=ids(options["ignore"]),
+                              devices_per_host=options["devices_per_host"], hardware=options["hardware"])
+    chosen = tuple(_known_rules(ids(select), registry))
+    analysis = {"config": config, "verbose": options["verbose"], "registry": registry, "jobs": options["jobs"]}
+    if not verify:
+        if len(command) != 1 or command[0].startswith("-"):
+            raise click.UsageError("give one DUMP (or --verify -- python SCRIPT [ARGS])")
+        for name, key in (("-o", "output"), ("--devices", "devices"), ("--target", "target"),
+                          ("--dump-dir", "dump_dir")):
+            if options[key] is not None:
+                raise click.UsageError(f"{name} needs --verify")
+        _fix_dump(command[0], analysis, chosen, write, output_format)
+        return
+    if not command:
+        raise click.UsageError("--verify runs a script: hlo-doctor fix --verify [OPTIONS] -- python SCRIPT [ARGS]")
+    _fix_verify(command, analysis, chosen, write, output_format, options)
+
+
+def _fix_dump(dump, analysis, select, write, output_format) -> None:  # noqa: ANN001
+    report = run_analysis(dump, analysis["config"], analysis["verbose"], analysis["registry"], analysis["jobs"])
+    plan = _plan(report.findings, report.program, select)
+    written: tuple[str, ...] = ()
+    if write:
+        for path, text in plan.patched.items():
+            write_atomically(Path(path), text)
+        written = tuple(plan.patched)
+    if output_format == "json":
+        emit(dumps(plan_to_dict(plan, dump=dump, written=written)), None)
+    else:
+        emit(plan_text(plan), None)
+        click.echo(refusals_text(plan), err=True, nl=False)
+        edits, files = len(plan.applied), len(plan.patched)
+        summary = (f"{edits} edit{'s' if edits != 1 else ''} in {files} file{'s' if files != 1 else ''}"
+                   + (" (written)" if written else "" if not edits else " (not written: add --write)"))
+        if plan.refused:
+            summary += f"; {len(plan.refused)} finding{'s' if len(plan.refused) != 1 else ''} without a safe edit"
+        if not edits and not plan.refused:
+            summary = "nothing to fix"
+        click.echo(summary, err=True)
+    if plan.refused:
+        sys.exit(1)
+
+
+def _fix_verify(command, analysis, select, write, output_format, options) -> None:  # noqa: ANN001
+    config = analysis["config"]
+    output, devices, target = options["output"], options["devices"], options["target"]
+    python, script, args = _split_command(command)
+    gpu_target = None
+    if target is not None:
+        if devices is not None:
+            raise click.UsageError("--target sets the device count itself; drop --devices")
+        try:
+            gpu_target = parse_target(target)
+        except TargetError as error:
+            raise click.BadParameter(str(error), param_hint="'--target'") from None
+    if output is not None and Path(output).resolve() == Path(script).resolve():
+        raise InputError("-o names the script itself: the original changes only with --write")
+    analysis = {
+        "select": config.select.value, "ignore": config.ignore.value, "hardware": config.hardware.value,
+        "rule_options": {rule_id: config.options_for(rule_id) for rule_id in config.rule_options},
+        "ignore_ops": config.ignore_ops.value, "verbose": analysis["verbose"], "registry": analysis["registry"],
+        "jobs": analysis["jobs"],
+    }
+    try:
+        if not Path(script).is_file():
+            raise InputError(f"{script}: no such script")
+        if gpu_target is not None:
+            require_extras(extras_for("jax", gpu_target=True), python)
+        result = verify_fix(
+            script, args, work_dir=options["dump_dir"], output=output, write=write, select=select, python=python,
+            devices=devices, devices_per_host=config.devices_per_host.value, target=gpu_target,
+            framework="jax" if gpu_target is not None else None, analysis=analysis,
+        )
+    except NotImplementedError:
+        raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None
+    except RunError as error:
+        tail = error.format_tail().strip().splitlines()
+        fail(InputError(f"{error}{': ' + tail[-1] if tail else ''}"))
+    except (MissingExtra, FrameworkError, FileNotFoundError, ValueError) as error:
+        fail(error)
+    code = 0 if result.ok else 1
+    if output_format == "json":
+        emit(dumps(verification_to_dict(result, exit_code=code)), None)
+    else:
+        emit(verification_text(result), None)
+    if code:
+        sys.exit(code)

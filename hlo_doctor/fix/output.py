@@ -1,0 +1,165 @@
+"""Text and JSON of ``hlo-doctor fix``: a plan (the diff, the edits, the refusals) and a verification.
+
+The JSON documents carry ``"kind": "fix"`` or ``"kind": "fix-verify"`` and ``schema_version`` 1.
+Bytes are collective bytes per device per step (:mod:`hlo_doctor.semantics.critical_path`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hlo_doctor._version import __version__
+from hlo_doctor.findings import Finding
+from hlo_doctor.fix.verify import Traffic, Verification
+from hlo_doctor.report.json import finding_to_dict
+from hlo_doctor.report.safe import plain, plain_block
+from hlo_doctor.units import format_bytes
+
+__all__ = ["plan_text", "plan_to_dict", "verification_text", "verification_to_dict"]
+
+SCHEMA_VERSION = 1
+
+
+def _where(finding: Finding) -> str:
+    if finding.source is not None:
+        return f"{finding.source.file}:{finding.source.line}"
+    return finding.module
+
+
+def _edit_dict(planned: Any) -> dict[str, Any]:
+    edit = planned.edit
+    return {"rule": planned.finding.rule, "fingerprint": planned.finding.fingerprint,
+            "where": _where(planned.finding), "description": planned.description,
+            "kind": edit.kind, "file": edit.file, "line": edit.line}
+
+
+def _refusal_dict(refusal: Any) -> dict[str, Any]:
+    return {"rule": refusal.finding.rule, "fingerprint": refusal.finding.fingerprint,
+            "where": _where(refusal.finding), "message": refusal.finding.message, "reason": refusal.reason}
+
+
+def _diff(plan: Any) -> str:
+    return plan.diff() if plan.patched else ""
+
+
+def plan_to_dict(plan: Any, *, dump: str, written: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fix",
+        "tool": {"name": "hlo-doctor", "version": __version__},
+        "dump": dump,
+        "diff": _diff(plan),
+        "files": sorted(plan.patched),
+        "written": list(written),
+        "edits": [_edit_dict(e) for e in plan.applied],
+        "refused": [_refusal_dict(r) for r in plan.refused],
+    }
+
+
+def refusals_text(plan: Any) -> str:
+    """One line per refused finding: where, rule, why no safe edit."""
+    return "".join(plain(f"no safe edit: {_where(r.finding)}: {r.finding.rule}: {r.reason}") + "\n"
+                   for r in plan.refused)
+
+
+def plan_text(plan: Any) -> str:
+    """The unified diff (empty when nothing is patched): the part of ``fix``'s output that goes to stdout."""
+    return _diff(plan)
+
+
+def _traffic_dict(traffic: Traffic | None) -> dict[str, Any] | None:
+    if traffic is None:
+        return None
+    return {"total": traffic.total, "critical_path": traffic.critical, "prefetchable": traffic.prefetchable,
+            "by_role": dict(traffic.by_role),
+            "overlappable_gathers": [
+                {"module": g.module, "instruction": g.instruction, "kind": g.kind, "role": g.role,
+                 "bytes": g.bytes_per_step, "parameters": list(g.parameters)} for g in traffic.overlappable]}
+
+
+def verification_to_dict(result: Verification, *, exit_code: int) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fix-verify",
+        "tool": {"name": "hlo-doctor", "version": __version__},
+        "program": str(result.program),
+        "patched_copy": str(result.patched_copy) if result.patched_copy is not None else None,
+        "written": list(result.written),
+        "diff": _diff(result.plan),
+        "edits": [_edit_dict(e) for e in result.plan.applied],
+        "refused": [_refusal_dict(r) for r in result.plan.refused],
+        "targeted": [
+            {"rule": o.finding.rule, "fingerprint": o.finding.fingerprint, "where": _where(o.finding),
+             "message": o.finding.message, "status": o.status, "matched_by": o.matched_by,
+             "after": None if o.after is None else {"where": _where(o.after), "message": o.after.message}}
+            for o in result.targeted],
+        "new_findings": [finding_to_dict(f) for f in result.new],
+        "bytes_per_device": {"before": _traffic_dict(result.before_traffic),
+                             "after": _traffic_dict(result.after_traffic)},
+        "problems": list(result.problems),
+        "ok": result.ok,
+        "exit_code": exit_code,
+    }
+
+
+def _change(before: int, after: int | None) -> str:
+    if after is None:
+        return format_bytes(before)
+    if before == after:
+        pct = "0%"
+    elif before == 0:
+        pct = "new"
+    else:
+        pct = f"{100.0 * (after - before) / before:+.0f}%"
+    return f"{format_bytes(before)} -> {format_bytes(after)} ({pct})"
+
+
+def verification_text(result: Verification) -> str:
+    """The report of ``fix --verify`` (the diff first)."""
+    lines: list[str] = []
+    diff = _diff(result.plan)
+    if diff:
+        lines.append(diff.rstrip("\n"))
+        lines.append("")
+    lines.append(f"hlo-doctor fix --verify: {result.program}")
+    for planned in result.plan.applied:
+        lines.append(f"  edit: {_where(planned.finding)}: {planned.finding.rule}: {planned.description}")
+    for refusal in result.plan.refused:
+        lines.append(f"  no safe edit: {_where(refusal.finding)}: {refusal.finding.rule}: {refusal.reason}")
+    for problem in result.problems:
+        lines.append(f"  not verified: {problem}")
+    if result.after is not None:
+        for outcome in result.targeted:
+            how = f" (matched by {outcome.matched_by} at {_where(outcome.after)})" if outcome.after else ""
+            lines.append(f"  {outcome.status}: {outcome.finding.rule} at {_where(outcome.finding)}{how}")
+        for finding in result.new:
+            lines.append(f"  new: {finding.severity.value} {finding.rule} at {_where(finding)}: {finding.message}")
+        if not result.new:
+            lines.append("  no new findings")
+    before, after = result.before_traffic, result.after_traffic
+    lines.append("  collective bytes per device per step" + (" (before -> after):" if after is not None else ":"))
+    roles = list(before.by_role) + [r for r in (after.by_role if after else {}) if r not in before.by_role]
+    for role in roles:
+        lines.append(f"    {role:<22}{_change(before.by_role.get(role, 0), after.by_role.get(role, 0) if after else None)}")
+    lines.append(f"    {'total':<22}{_change(before.total, after.total if after else None)}")
+    lines.append(f"    {'on the critical path':<22}{_change(before.critical, after.critical if after else None)}")
+    lines.append(f"    {'prefetchable':<22}{_change(before.prefetchable, after.prefetchable if after else None)}")
+    gathers = (after or before).overlappable
+    if gathers:
+        lines.append("  gathers that can overlap (operand derived from weights only, prefetchable):")
+        for gather in gathers:
+            of = f" of {', '.join(gather.parameters)}" if gather.parameters else ""
+            lines.append(f"    {gather.module} {gather.instruction}: {gather.kind}{of}, "
+                         f"{format_bytes(gather.bytes_per_step)}")
+    elif after is not None:
+        lines.append("  no gather can overlap: every gather waits on the step's compute")
+    verdict = "verified: every targeted finding is gone and no new warning appeared" if result.ok else "not verified"
+    if not result.plan.applied and not result.plan.refused:
+        verdict = "nothing to fix"
+    lines.append(verdict)
+    return plain_block("\n".join(lines)) + "\n"
+
+
+def dumps(document: dict[str, Any]) -> str:
+    return json.dumps(document, indent=2) + "\n"

@@ -1,0 +1,401 @@
+"""``hlo-doctor fix --verify``: patch a copy of the script, recompile it, and diagnose it again.
+
+The loop (:func:`verify_fix`):
+
+1. run the script through the runner (:func:`hlo_doctor.runner.run_script`) into a dump;
+2. diagnose it (:func:`hlo_doctor.analysis.analyze_dump`);
+3. plan the edits (:func:`hlo_doctor.fix.plan_fixes`) and write the patched copy: to ``output``
+   when given, else into a scratch folder that is removed afterwards. Files the plan patches
+   besides the script (a sibling module that builds the mesh) are written into that scratch
+   folder under their path relative to the script's folder, which goes first on the child's
+   ``PYTHONPATH``; the original's folder comes next, so the copy imports what the original
+   imports. The original files change only with ``write=True``, and then only when the
+   verification passed;
+4. recompile the copy through the runner with the same arguments;
+5. diagnose it again and compare.
+
+**Matching findings before and after.** Fingerprints (:mod:`hlo_doctor.fingerprint`) hash the
+user's line, and the patch moves lines (an inserted constraint pushes every later line down; a
+copy written elsewhere under ``-o`` has another file name). So each finding from before is looked
+for after the patch by, in order, first match wins, each finding after used once:
+
+* ``fingerprint``: its rule, module family and op signature (``op_name | opcode | shape |
+  sharding``) with its source line carried through the patch (:class:`LineMap`: the diff of the
+  file's text before and after), the file named as the copy;
+* ``line``: its rule and module family and the user's line carried through the patch (the op's
+  sharding or shape may change while the problem stays at the same line);
+* ``op``: for a finding with no source line only, its rule, module family and ``op_name``.
+
+A finding from before with no match is *gone*; a finding after that matches none from before is
+*new*. The verification passes when every finding that got an edit is gone, no new finding of
+severity warning or error appeared, and no finding was refused.
+
+Bytes are collective bytes per device per step, summed over the modules, by role and split
+into the critical path and prefetchable (:mod:`hlo_doctor.semantics.critical_path`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hlo_doctor.fix as _fix
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.dump import load_dump
+from hlo_doctor.files import write_atomically
+from hlo_doctor.findings import Finding, Report, Severity
+from hlo_doctor.fingerprint import module_family
+from hlo_doctor.rules._batch import parameter_name
+from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+from hlo_doctor.runner.run import RunError, run_script
+
+__all__ = [
+    "FindingOutcome",
+    "LineMap",
+    "OverlappableGather",
+    "Traffic",
+    "Verification",
+    "dump_traffic",
+    "match_findings",
+    "verify_fix",
+]
+
+_WARNING = Severity.WARNING.rank
+
+
+class LineMap:
+    """Where each line of a file's text before a patch went in the text after it (1-based).
+
+    A line the patch kept maps to its new number; a replaced line to the line that replaced it
+    (the last of a shorter replacement); a deleted line to the line after the deletion.
+    """
+
+    def __init__(self, before: str, after: str) -> None:
+        self._opcodes = difflib.SequenceMatcher(
+            None, before.splitlines(), after.splitlines(), autojunk=False).get_opcodes()
+
+    def __call__(self, line: int) -> int:
+        index = line - 1
+        for tag, i1, i2, j1, j2 in self._opcodes:
+            if i1 <= index < i2:
+                if tag == "equal":
+                    return j1 + (index - i1) + 1
+                if tag == "replace":
+                    return j1 + min(index - i1, j2 - j1 - 1) + 1
+                return j1 + 1  # delete
+        return line
+
+
+@dataclass(frozen=True, slots=True)
+class FindingOutcome:
+    """A finding from before the patch: ``gone`` or ``still there`` (``after``, found ``matched_by``)."""
+
+    finding: Finding
+    status: str
+    after: Finding | None = None
+    matched_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OverlappableGather:
+    """A gather whose operand derives from no data input: the scheduler can prefetch it."""
+
+    module: str
+    instruction: str
+    kind: str
+    role: str
+    bytes_per_step: int
+    parameters: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Collective bytes per device per step of one dump, summed over its modules."""
+
+    total: int = 0
+    critical: int = 0
+    prefetchable: int = 0
+    by_role: Mapping[str, int] = field(default_factory=dict)
+    overlappable: tuple[OverlappableGather, ...] = ()
+
+
+@dataclass
+class Verification:
+    """What :func:`verify_fix` found (see the module docstring)."""
+
+    program: Path
+    plan: Any  # hlo_doctor.fix.FixPlan
+    before: Report
+    before_traffic: Traffic
+    after: Report | None = None
+    after_traffic: Traffic | None = None
+    targeted: tuple[FindingOutcome, ...] = ()
+    new: tuple[Finding, ...] = ()
+    patched_copy: Path | None = None
+    """where the patched script was kept (``output``); None: a scratch copy, removed"""
+    written: tuple[str, ...] = ()
+    """original files patched in place (``write=True`` and the verification passed)"""
+    problems: tuple[str, ...] = ()
+    """why the loop could not be closed (nothing to patch, a file the copy cannot carry)"""
+
+    @property
+    def new_warnings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.new if f.severity.rank <= _WARNING)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing refused, the loop closed, every targeted finding gone and no new warning.
+
+        A program with no finding to fix (none found, or none selected) is ok: nothing to do.
+        """
+        if self.plan.refused or self.problems:
+            return False
+        if not self.plan.applied:
+            return True
+        return (self.after is not None and all(o.status == "gone" for o in self.targeted)
+                and not self.new_warnings)
+
+
+def verify_fix(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    work_dir: str | Path | None = None,
+    output: str | Path | None = None,
+    write: bool = False,
+    select: Sequence[str] = (),
+    python: str | None = None,
+    devices: int | None = None,
+    devices_per_host: int | None = None,
+    target: Any = None,
+    framework: str | None = None,
+    echo_stderr: bool = False,
+    analysis: Mapping[str, Any] | None = None,
+) -> Verification:
+    """Run ``script``, plan its fixes, recompile the patched copy and diagnose both (module docstring).
+
+    ``work_dir`` keeps the two dumps (``before/``, ``after/``); by default they go to a scratch
+    folder that is removed. ``analysis``: keyword arguments of :func:`analyze_dump` (rules,
+    options, hardware); ``devices_per_host`` is passed to it too. Raises what the runner
+    raises (:class:`~hlo_doctor.runner.run.RunError` when the original script fails); a patched copy
+    that fails is a problem of the result (``problems``), not an exception.
+    """
+    script = Path(script)
+    options = dict(analysis or {})
+    if devices_per_host is not None:
+        options.setdefault("devices_per_host", devices_per_host)
+    scratch = Path(tempfile.mkdtemp(prefix="hlo-doctor-fix-"))
+    try:
+        dumps = Path(work_dir) if work_dir is not None else scratch
+        run = {"python": python, "devices": devices, "devices_per_host": devices_per_host, "target": target,
+               "framework": framework, "echo_stderr": echo_stderr}
+        before_dump = run_script(script, args, dump_dir=dumps / "before", **run).dump_dir
+        before_report, before_traffic = _diagnose(before_dump, options)
+        program = before_report.program or str(script.resolve())
+        plan = _fix.plan_fixes(before_report.findings, program=program, select=tuple(select))
+        result = Verification(script, plan, before_report, before_traffic)
+        if not plan.applied:
+            return result
+        copy, problems = _write_copy(script, program, plan, scratch / "overlay", output)
+        result.problems = problems
+        result.patched_copy = Path(output) if output is not None else None
+        if problems:
+            return result
+        try:
+            after_dump = run_script(copy, args, dump_dir=dumps / "after",
+                                    env=_import_env(scratch / "overlay", script.resolve().parent), **run).dump_dir
+        except RunError as error:
+            tail = "; ".join(line for line in error.stderr_tail[-3:] if line.strip())
+            result.problems = (f"the patched copy failed: exit code {error.returncode}: {tail}",)
+            return result
+        result.after, result.after_traffic = _diagnose(after_dump, options)
+        maps = _line_maps(plan, program, copy)
+        targets = _unique(e.finding for e in plan.applied)
+        outcomes, new = match_findings(before_report.findings, result.after.findings, maps)
+        result.targeted = tuple(o for o in outcomes if any(o.finding is t for t in targets))
+        result.new = new
+        if write and result.ok:
+            for path, text in plan.patched.items():
+                write_atomically(Path(path), text)
+            result.written = tuple(plan.patched)
+        return result
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _import_env(*paths: Path) -> dict[str, str]:
+    """This process's environment with ``paths`` first on ``PYTHONPATH`` (the runner puts its own before them)."""
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join([str(p) for p in paths] + ([old] if old else []))
+    return env
+
+
+def _diagnose(dump_dir: Path, options: Mapping[str, Any]) -> tuple[Report, Traffic]:
+    dump = load_dump(dump_dir)
+    report = analyze_dump(dump, **options)
+    return report, dump_traffic(dump, devices_per_host=options.get("devices_per_host"))
+
+
+def dump_traffic(dump: Any, *, devices_per_host: int | None = None) -> Traffic:
+    """The collective bytes of a loaded dump (or its path) by role and on the critical path."""
+    if not hasattr(dump, "modules"):
+        dump = load_dump(dump)
+    total = critical = prefetchable = 0
+    by_role: dict[str, int] = {}
+    overlappable: list[OverlappableGather] = []
+    for module in dump.modules:
+        ctx = RuleContext(dump, module, AnalysisOptions(devices_per_host=devices_per_host))
+        account = ctx.semantics.bytes
+        total += account.total
+        critical += account.critical
+        prefetchable += account.prefetchable
+        for role, nbytes in account.by_role.items():
+            by_role[role] = by_role.get(role, 0) + nbytes
+        hlo = ctx.per_device
+        params = {p.parameter_number: p for p in hlo.entry.parameters()} if hlo is not None and hlo.entry else {}
+        for gather in account.overlappable_gathers:
+            names = tuple(parameter_name(ctx, params[n]) for n in gather.parameters if n in params)
+            overlappable.append(OverlappableGather(module_family(module.name), gather.instruction, gather.kind,
+                                                   gather.role, gather.bytes_per_step, names))
+    return Traffic(total, critical, prefetchable, by_role, tuple(overlappable))
+
+
+def _write_copy(script: Path, program: str, plan: Any, overlay: Path,
+                output: str | Path | None) -> tuple[Path, tuple[str, ...]]:
+    """Write the patched script (to ``output`` or into ``overlay``) and the other patched files into ``overlay``."""
+    home = script.resolve().parent
+    overlay.mkdir(parents=True, exist_ok=True)
+    copy = Path(output) if output is not None else overlay / script.name
+    problems = []
+    wrote_script = False
+    for path, text in plan.patched.items():
+        resolved = Path(path).resolve()
+        if _same_file(resolved, script.resolve()) or _same_file(resolved, Path(program).resolve()):
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(copy, text)
+            wrote_script = True
+            continue
+        try:
+            relative = resolved.relative_to(home)
+        except ValueError:
+            problems.append(f"{path}: the patch edits a file outside the script's folder {home}, which the "
+                            "patched copy cannot carry; apply it with --write and run again")
+            continue
+        target = overlay / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target, text)
+    if not wrote_script:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(script, copy)
+    return copy, tuple(problems)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a == b or (a.exists() and b.exists() and a.samefile(b))
+
+
+def _line_maps(plan: Any, program: str, copy: Path) -> dict[str, tuple[str, LineMap]]:
+    """File name before -> (file name after, its line map), for every file the plan patched."""
+    maps = {}
+    for path, text in plan.patched.items():
+        before = plan.originals.get(path)
+        if before is None:
+            continue
+        name = Path(path).name
+        after_name = copy.name if Path(path).resolve() == Path(program).resolve() else name
+        maps[name] = (after_name, LineMap(before, text))
+    return maps
+
+
+def _unique(findings) -> list[Finding]:  # noqa: ANN001
+    out: list[Finding] = []
+    for finding in findings:
+        if not any(finding is seen for seen in out):
+            out.append(finding)
+    return out
+
+
+def _op_part(finding: Finding) -> str:
+    if finding.signature is not None and "\n" in finding.signature:
+        return finding.signature.split("\n", 1)[1]
+    return finding.op_name or ""
+
+
+def _moved_source_key(finding: Finding, maps: Mapping[str, tuple[str, LineMap]]) -> str:
+    """The signature's source part (``name:line:function``) carried through the patch."""
+    part = finding.signature.split("\n", 1)[0] if finding.signature else ""
+    pieces = part.split(":", 2)
+    if len(pieces) != 3 or not pieces[1].isdigit():
+        return part
+    name, line, function = pieces
+    if name in maps:
+        new_name, line_map = maps[name]
+        return f"{new_name}:{line_map(int(line))}:{function}"
+    return part
+
+
+def _moved_line(finding: Finding, maps: Mapping[str, tuple[str, LineMap]]) -> tuple[str, int] | None:
+    if finding.source is None:
+        return None
+    name = finding.source.file.replace("\\", "/").rsplit("/", 1)[-1]
+    if name in maps:
+        new_name, line_map = maps[name]
+        return new_name, line_map(finding.source.line)
+    return name, finding.source.line
+
+
+def _line_of(finding: Finding) -> tuple[str, int] | None:
+    if finding.source is None:
+        return None
+    return finding.source.file.replace("\\", "/").rsplit("/", 1)[-1], finding.source.line
+
+
+def match_findings(before: Sequence[Finding], after: Sequence[Finding],
+                   maps: Mapping[str, tuple[str, LineMap]]) -> tuple[tuple[FindingOutcome, ...], tuple[Finding, ...]]:
+    """Each finding of ``before`` gone or still there in ``after``, and the findings new in ``after``.
+
+    ``maps``: file name before the patch -> (file name after, :class:`LineMap`). The tiers are
+    in the module docstring.
+    """
+    def family(f: Finding) -> str:
+        return module_family(f.module)
+
+    tiers = (
+        ("fingerprint",
+         lambda f: (f.rule, family(f), _moved_source_key(f, maps), _op_part(f)),
+         lambda f: (f.rule, family(f), f.signature.split("\n", 1)[0] if f.signature else "", _op_part(f))),
+        ("line",
+         lambda f: (f.rule, family(f), _moved_line(f, maps)) if f.source is not None else None,
+         lambda f: (f.rule, family(f), _line_of(f)) if f.source is not None else None),
+        ("op",
+         lambda f: (f.rule, family(f), _op_part(f).split("|", 1)[0]) if f.source is None and _op_part(f) else None,
+         lambda f: (f.rule, family(f), _op_part(f).split("|", 1)[0]) if f.source is None and _op_part(f) else None),
+    )
+    matched: dict[int, tuple[int, str]] = {}
+    used: set[int] = set()
+    for tier, before_key, after_key in tiers:
+        after_keys = [after_key(f) for f in after]
+        for i, finding in enumerate(before):
+            if i in matched:
+                continue
+            key = before_key(finding)
+            if key is None:
+                continue
+            for j, other in enumerate(after_keys):
+                if j not in used and other == key:
+                    matched[i] = (j, tier)
+                    used.add(j)
+                    break
+    outcomes = tuple(
+        FindingOutcome(f, "still there", after[matched[i][0]], matched[i][1]) if i in matched
+        else FindingOutcome(f, "gone")
+        for i, f in enumerate(before))
+    new = tuple(f for j, f in enumerate(after) if j not in used)
+    return outcomes, new
