@@ -22,8 +22,12 @@ class FakePlan(FixPlan):
             for path, text in sorted(self.patched.items()))
 
 
-def fake_planner(code: Callable[[Finding], str | None]):
-    """A ``plan_fixes`` that inserts ``code(finding)`` after the finding's line (None: refused)."""
+def fake_planner(code: Callable[[Finding], str | None], *, file: str | None = None, before: bool = False):
+    """A ``plan_fixes`` that inserts ``code(finding)`` after the finding's line (None: refused).
+
+    ``file``: patch this file instead of the one the finding names (a test's copy of the program);
+    ``before``: insert above the line instead (which moves the finding's own line down).
+    """
 
     def plan_fixes(findings, *, program=None, select=()):  # noqa: ANN001, ANN202
         plan = FakePlan()
@@ -35,13 +39,13 @@ def fake_planner(code: Callable[[Finding], str | None]):
             if line is None or finding.source is None:
                 plan.refused.append(Refusal(finding, "the fake planner has no edit for it"))
                 continue
-            inserts.setdefault(finding.source.file, []).append((finding.source.line, line, finding))
+            inserts.setdefault(file or finding.source.file, []).append((finding.source.line, line, finding))
         for path, edits in inserts.items():
             original = Path(path).read_text()
             lines = original.splitlines(keepends=True)
             for number, text, finding in sorted(edits, key=lambda e: -e[0]):
                 indent = lines[number - 1][: len(lines[number - 1]) - len(lines[number - 1].lstrip())]
-                lines.insert(number, f"{indent}{text}\n")
+                lines.insert(number - 1 if before else number, f"{indent}{text}\n")
                 edit = SourceEdit("constrain", "jax", target="h", file=path, line=number)
                 plan.applied.append(PlannedEdit(finding, edit, f"insert `{text}` after line {number}"))
             plan.originals[path] = original

@@ -99,15 +99,15 @@ def fix_command(write, select, output_format, verify, command, **options):
     analysis = {"config": config, "verbose": options["verbose"], "registry": registry, "jobs": options["jobs"]}
     if not verify:
         if len(command) != 1 or command[0].startswith("-"):
-            raise click.UsageError("give one DUMP (or --verify -- python SCRIPT [ARGS])")
+            raise InputError("give one DUMP (or --verify -- python SCRIPT [ARGS])")
         for name, key in (("-o", "output"), ("--devices", "devices"), ("--target", "target"),
                           ("--dump-dir", "dump_dir")):
             if options[key] is not None:
-                raise click.UsageError(f"{name} needs --verify")
+                raise InputError(f"{name} needs --verify")
         _fix_dump(command[0], analysis, chosen, write, output_format)
         return
     if not command:
-        raise click.UsageError("--verify runs a script: hlo-doctor fix --verify [OPTIONS] -- python SCRIPT [ARGS]")
+        raise InputError("--verify runs a script: hlo-doctor fix --verify [OPTIONS] -- python SCRIPT [ARGS]")
     _fix_verify(command, analysis, chosen, write, output_format, options)
 
 
@@ -139,15 +139,18 @@ def _fix_dump(dump, analysis, select, write, output_format) -> None:  # noqa: AN
 def _fix_verify(command, analysis, select, write, output_format, options) -> None:  # noqa: ANN001
     config = analysis["config"]
     output, devices, target = options["output"], options["devices"], options["target"]
-    python, script, args = _split_command(command)
+    try:
+        python, script, args = _split_command(command)
+    except click.UsageError as error:
+        raise InputError(error.message) from None
     gpu_target = None
     if target is not None:
         if devices is not None:
-            raise click.UsageError("--target sets the device count itself; drop --devices")
+            raise InputError("--target sets the device count itself; drop --devices")
         try:
             gpu_target = parse_target(target)
         except TargetError as error:
-            raise click.BadParameter(str(error), param_hint="'--target'") from None
+            raise InputError(f"--target: {error}") from None
     if output is not None and Path(output).resolve() == Path(script).resolve():
         raise InputError("-o names the script itself: the original changes only with --write")
     analysis = {
