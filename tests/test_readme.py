@@ -101,3 +101,41 @@ def test_collectives_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     keys = {"instruction", "kind", "role", "phase", "parameters", "axes", "group_size", "crosses_hosts",
             "bytes_per_device", "executions", "source", "reason"}
     assert all(set(c) == keys for c in module["collectives"])
+
+
+def test_diff_critical_path_example_passes_the_right_fix() -> None:
+    from click.testing import CliRunner
+
+    from hlo_doctor.cli import main
+
+    text = section("Use in CI")
+    command = re.search(r"^(hlo-doctor diff .*--critical-path)$", text, re.M).group(1)
+    result = CliRunner().invoke(main, shlex.split(command)[1:])
+    assert result.exit_code == 0, result.output
+    ending = re.search(r"ends with `(.*?)` and exits 0", text, re.S).group(1)
+    assert " ".join(ending.split()) in result.stdout
+
+
+@pytest.mark.slow
+def test_fix_verify_example_runs_and_prints_what_the_readme_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("jax")
+    import sys
+
+    from click.testing import CliRunner
+
+    import hlo_doctor.fix as fixlib
+    from hlo_doctor.cli import main
+
+    try:
+        fixlib.plan_fixes(())
+    except NotImplementedError:
+        pytest.skip("hlo_doctor.fix.plan_fixes is not built yet")
+    text = section("Fix it, and check the fix")
+    blocks = re.findall(r"^```\n(.*?)^```", text, re.S | re.M)
+    command, shown = blocks[0].strip(), blocks[1]
+    args = shlex.split(command)[1:]
+    args[args.index("python")] = sys.executable
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == shown
