@@ -31,6 +31,7 @@ from hlo_doctor.fix.specs import axes_code
 __all__ = ["mesh"]
 
 _code = cst.Module([]).code_for_node
+_TRANSPOSE_FUNCTIONS = ("np.transpose", "numpy.transpose", "jnp.transpose", "onp.transpose")
 
 
 def _arg(call: cst.Call, index: int, *keywords: str) -> cst.Arg | None:
@@ -85,10 +86,10 @@ def _devices_sizes(devices: cst.BaseExpression) -> tuple[_Sizes | None, cst.Base
     if isinstance(devices, cst.Attribute) and devices.attr.value == "T":
         transposed, inner = devices, devices.value
     elif isinstance(devices, cst.Call) and isinstance(devices.func, cst.Attribute) and \
-            devices.func.attr.value == "transpose":
+            devices.func.attr.value == "transpose" and dotted(devices.func) not in _TRANSPOSE_FUNCTIONS:
         transposed, inner = devices, devices.func.value
         perm = _perm(devices.args)
-    elif isinstance(devices, cst.Call) and (dotted(devices.func) or "").endswith(".transpose") and devices.args:
+    elif isinstance(devices, cst.Call) and dotted(devices.func) in _TRANSPOSE_FUNCTIONS and devices.args:
         transposed, inner = devices, devices.args[0].value
         perm = _perm(devices.args[1:])
     if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value == "reshape":
@@ -176,9 +177,12 @@ def mesh(source: Source, edit: SourceEdit, line: int) -> tuple[dict, None, str]:
             raise CannotEdit(f"the transposed devices on line {line} have no literal reshape")
         order = perm or list(reversed(range(len(values))))
         values = [values[i] for i in order]
-        untransposed = transposed.value if isinstance(transposed, cst.Attribute) else (
-            transposed.func.value if isinstance(transposed.func, cst.Attribute) and
-            transposed.func.attr.value == "transpose" else transposed.args[0].value)
+        if isinstance(transposed, cst.Attribute):
+            untransposed = transposed.value
+        elif dotted(transposed.func) in _TRANSPOSE_FUNCTIONS:
+            untransposed = transposed.args[0].value
+        else:
+            untransposed = transposed.func.value
         inner_sizes = sizes
         assert inner_sizes is not None
         replaced_inner = untransposed.deep_replace(inner_sizes.node, inner_sizes.rebuilt(values))

@@ -57,13 +57,16 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     name = "shard_output" if "shard_output" not in taken and "shard_output" not in imports.names else \
         "shard_output_" + "_".join(axes)
     existing = next((a for a in call.args if a.keyword is not None and a.keyword.value == "shard_output"), None)
-    if existing is not None and dotted(existing.value) == name:
-        raise CannotEdit(f"the wrapper on line {line} already passes shard_output={name} (already applied?)")
     xs = imports.module_for("torch_xla.distributed.spmd", "xs")
     quote = source.quote()
-    function = cst.parse_statement(
-        f"def {name}(output, mesh):\n"
-        f"    {xs}.mark_sharding({output}, mesh, {tuple_code(spec, quote)})\n")
+    body = f"    {xs}.mark_sharding({output}, mesh, {tuple_code(spec, quote)})\n"
+    function = cst.parse_statement(f"def {name}(output, mesh):\n{body}")
+    if existing is not None:
+        passed = dotted(existing.value)
+        same = [s for s in source.own_statements(scope) if isinstance(s, cst.FunctionDef) and s.name.value == passed
+                and cst.Module([]).code_for_node(s.body).strip() == body.strip()]
+        if same:
+            raise CannotEdit(f"the wrapper on line {line} already passes shard_output={passed} (already applied?)")
     if existing is not None:
         new_call = call.with_changes(args=[a.with_changes(value=cst.Name(name)) if a is existing else a
                                            for a in call.args])
