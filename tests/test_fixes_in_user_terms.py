@@ -93,4 +93,8 @@ def test_nnx_parameters_are_named_by_their_variable_path():
     (finding,) = analyze_dump(FIXTURES / "flax-nnx-partitioning" / "jax-shardy-bad",
                               select=["replicated-large-parameter"]).findings
     assert finding.message.startswith("parameter unembed/kernel (model.states[0][5]) (f32[256,2048]")
-    assert finding.suggestion.jax.startswith("unembed_kernel = jax.device_put(unembed_kernel, ")
+    # the lever: the initializer of the layer that lost its partitioning metadata (line 56 of the
+    # program makes self.unembed = nnx.Linear(..., kernel_init=init) without with_partitioning)
+    assert finding.suggestion.jax == "kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, 'fsdp'))"
+    (edit,) = finding.suggestion.edits
+    assert (edit.kind, edit.line, edit.target, edit.spec) == ("with-partitioning", 56, "unembed/kernel", (None, ("fsdp",)))

@@ -218,3 +218,25 @@ def get_example(name: str) -> Example:
         raise ConfigurationError(
             f"no example named {name!r}; known: {', '.join(sorted(_BY_NAME))}"
         ) from None
+
+
+_PROGRAMS_PART = "/hlo_doctor/examples/programs/"
+
+
+def local_program_file(recorded: str) -> Path | None:
+    """The file at ``recorded`` (a path in a dump's metadata or run record) on this machine.
+
+    A fixture made by the runner from a gallery program records the absolute path of the
+    checkout that made it; on another checkout that path is this package's own copy of the
+    program (same file name under ``hlo_doctor/examples/programs/``). Any other path is
+    itself, when it exists. None: not here.
+    """
+    path = Path(recorded)
+    if path.is_file():
+        return path
+    marker = recorded.replace("\\", "/").rfind(_PROGRAMS_PART)
+    if marker >= 0:
+        local = PROGRAMS / recorded[marker + len(_PROGRAMS_PART):]
+        if local.is_file():
+            return local
+    return None

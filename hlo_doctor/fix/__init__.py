@@ -11,7 +11,7 @@ it recompiles the patched copy through the runner and diagnoses it again.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hlo_doctor.findings import Finding, SourceEdit
@@ -45,13 +45,32 @@ class FixPlan:
     applied: list[PlannedEdit] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
 
-    def diff(self) -> str:
-        """A unified diff of every patched file (``a/``, ``b/`` paths as given)."""
-        raise NotImplementedError  # built in hlo_doctor.fix.apply
+    def diff(self, relative_to: str | None = None) -> str:
+        """A unified diff (difflib) of every patched file, ``a/<path>`` and ``b/<path>``, the path
+        relative to ``relative_to`` (default: the current folder) when the file is under it."""
+        from hlo_doctor.fix.apply import diff
+
+        return diff(self, relative_to)
+
 
 def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
-               select: Collection[str] = ()) -> FixPlan:
+               select: Collection[str] = (), path_map: Mapping[str, str] | None = None,
+               sources: Mapping[str, str] | None = None) -> FixPlan:
     """The edits for ``findings`` (only the rules in ``select`` when given) to the files their
     edits name; ``program``: the script the dump came from (the runner's record), for edits
-    whose file the finding does not name."""
-    raise NotImplementedError  # built in hlo_doctor.fix.apply
+    whose file the finding does not name.
+
+    ``path_map``: where to read a recorded path instead, for dumps made on another machine or in
+    another clone: a recorded file -> a file, or a recorded folder -> a folder (the longest
+    matching folder wins), e.g. ``{"/work/main": "/home/me/hlo-doctor"}``. The plan's
+    ``originals``/``patched`` are keyed by the path read. ``sources``: the text of a file (by the
+    path read) instead of reading it from disk.
+
+    Nothing is written: ``plan.patched`` holds the new texts. A finding without an edit, or whose
+    edit cannot be made safely, becomes a :class:`Refusal` with the reason. Applying the plan's
+    edits to a program they were already made to is a refusal ("already applied?"), never a
+    second copy of the edit.
+    """
+    from hlo_doctor.fix.apply import plan_fixes as plan
+
+    return plan(findings, program=program, select=select, path_map=path_map, sources=sources)

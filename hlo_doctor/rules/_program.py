@@ -15,6 +15,8 @@ import functools
 import re
 from pathlib import Path
 
+from hlo_doctor.examples.registry import local_program_file
+
 __all__ = ["parsed_program", "program_mesh_axes", "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
@@ -28,13 +30,14 @@ Shape = tuple[int, ...] | None
 
 def parsed_program(path: str | None) -> ast.Module | None:
     """The user's program at ``path`` parsed once per version of the file (None: unreadable, too big)."""
-    if not path:
+    local = local_program_file(path) if path else None
+    if local is None:
         return None
     try:
-        mtime = Path(path).stat().st_mtime
+        mtime = local.stat().st_mtime
     except OSError:
         return None
-    return _parse(path, mtime)
+    return _parse(str(local), mtime)
 
 
 @functools.lru_cache(maxsize=32)

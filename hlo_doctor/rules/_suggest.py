@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hlo_doctor.findings import SourceEdit
 from hlo_doctor.rules._program import parsed_program
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
@@ -62,6 +63,20 @@ def parameter_code(dims: Sequence[DimAxes], value: str = "param") -> tuple[str, 
     """(JAX, torch_xla) code that places a parameter with the spec."""
     jax_code = f"{value} = jax.device_put({value}, NamedSharding(mesh, {jax_spec(dims)}))  # or jit's in_shardings"
     return (jax_code, f"xs.mark_sharding({value}, mesh, {torch_spec(dims)})")
+
+
+def spec_tuple(dims: Sequence[DimAxes]) -> tuple[tuple[str, ...] | None, ...]:
+    """A partition spec as :class:`~hlo_doctor.findings.SourceEdit` holds it: per dim, its axes or None."""
+    return tuple(tuple(a) if a else None for a in dims)
+
+
+def constraint_edit(dims: Sequence[DimAxes], framework: str | None, value: str = "h",
+                    **where: object) -> tuple[SourceEdit, ...]:
+    """The edit that constrains ``value`` to the spec right after the line that assigns it, in the
+    dump's framework (none when the framework is not known: the two spell it differently)."""
+    if framework not in ("jax", "torch_xla") or any(a.startswith("<") for axes in dims if axes for a in axes):
+        return ()  # a placeholder axis ("<axes of x's batch>") is not code
+    return (SourceEdit("constrain", framework, target=value, spec=spec_tuple(dims), **where),)  # type: ignore[arg-type]
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -127,9 +142,17 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
         note = f" (line {source.line} assigns no variable: bind its result to {placeholder} first)"
         if note in suggestion.summary:
             return finding
-        return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, summary=suggestion.summary + note))
+        edits = tuple(e for e in suggestion.edits if not (e.kind == "constrain" and e.target == placeholder))
+        no_edit = suggestion.no_edit
+        if len(edits) < len(suggestion.edits):
+            no_edit = f"line {source.line} assigns no variable to constrain"
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(
+            suggestion, summary=suggestion.summary + note, edits=edits, no_edit=no_edit))
+    edits = tuple(dataclasses.replace(e, target=name) if e.kind == "constrain" and e.target == placeholder
+                  and e.file is None else e for e in suggestion.edits)
     renamed = dataclasses.replace(
         suggestion,
+        edits=edits,
         jax=rename_value(suggestion.jax, placeholder, name),
         torch_xla=rename_value(suggestion.torch_xla, placeholder, name),
         summary=rename_value(suggestion.summary, placeholder, name) or suggestion.summary,

@@ -17,7 +17,8 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._suggest import constraint_code, with_user_variable
+from hlo_doctor.rules._levers import flax_logical_rule, with_lever
+from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import MATMULS
@@ -232,7 +233,8 @@ class ActivationAllGather(Rule):
             related=tuple(n for n in (collective.done, operand.name, dot.name, graph.instruction(weight_key).name,
                                       _producing_dot(graph, operand_key)) if n),
             source_from=source_from,
-            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code,
+                                  edits=constraint_edit(spec, ctx.framework, "h")),
             evidence={
                 "gather": kind,
                 "form": collective.form.value,
@@ -260,7 +262,8 @@ class ActivationAllGather(Rule):
                 "async": collective.form is not Form.SYNC,
             },
         )
-        return with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
+        finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
+        return _at_flax_rules(ctx, finding, spec)
 
 
 def _consuming_dot(analysis: BatchAnalysis, start: NodeKey, limit: int = 64) -> tuple[NodeKey, NodeKey] | None:
@@ -365,3 +368,13 @@ def _producing_dot(graph, key: NodeKey, limit: int = 8) -> str | None:  # noqa: 
             if instruction.opcode not in ("parameter", "constant"):
                 queue.append(source)
     return None
+
+
+def _at_flax_rules(ctx: RuleContext, finding: Finding, spec: list) -> Finding:
+    """In a Flax linen program the logical axis rules decide the activation's sharding: fix them."""
+    if finding.suggestion is None or finding.source is None:
+        return finding
+    edit = finding.suggestion.edits[0] if finding.suggestion.edits else None
+    target = edit.target if edit is not None and edit.target else ""
+    lever = flax_logical_rule(ctx.dump.run_record, finding.source.file, finding.source.line, spec, target)
+    return with_lever(finding, lever, ctx.framework)

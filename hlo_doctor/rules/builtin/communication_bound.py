@@ -144,6 +144,8 @@ class CommunicationBound(Rule):
                          "host, replicas across hosts), tensor parallelism only inside a host."),
                 jax="mesh = jax.make_mesh((num_hosts, devices_per_host), ('replica', 'fsdp'))",
                 torch_xla="mesh = xs.Mesh(device_ids, (num_hosts, devices_per_host), ('replica', 'fsdp'))",
+                no_edit=("the fix is a choice of parallelism (per-device batch, mesh shape), which trades memory for "
+                         "traffic: hlo-doctor gives the numbers, the choice is yours"),
             ),
             evidence={
                 "hardware": hardware.name,

@@ -6,7 +6,9 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
+from hlo_doctor.rules._records import record_entries, user_line
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -146,6 +148,7 @@ class CrossHostTensorParallel(Rule):
         mesh = ctx.mesh
         tp_axes = tuple(axes) if axes else ()
         summary, jax_code, torch_code = _mesh_fix(mesh, tp_axes, per_host, ctx.num_partitions)
+        edits, no_edit = _mesh_edit(ctx, tp_axes)
         order = device_map.logical_to_physical
         if mesh is not None and tp_axes and mesh.axis_names[-len(tp_axes):] == tp_axes and not device_map.is_identity:
             # the axes are right; the device array is not in host order (e.g. a transposed reshape)
@@ -160,7 +163,7 @@ class CrossHostTensorParallel(Rule):
             instruction=ctx.instruction(top.computation, top.instruction),
             name=top.instruction,
             related=tuple(c.instruction for c in ops[1:]),
-            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code, edits=edits, no_edit=no_edit),
             evidence={
                 "kind": top.kind,
                 "mesh_axes": list(axes) if axes else None,
@@ -222,6 +225,29 @@ def _mesh_fix(mesh, tp_axes: Sequence[str], per_host: int | None, num_devices: i
         f"axis_names={names_text})"
     )
     return summary, jax_code, torch_code
+
+
+def _mesh_edit(ctx: RuleContext, tp_axes: Sequence[str]) -> tuple[tuple[SourceEdit, ...], str | None]:
+    """The edit of the program's mesh construction (the runner recorded where it is): the TP axes
+    last, or, when they already are, the devices in host order."""
+    mesh = ctx.mesh
+    framework = ctx.framework
+    if mesh is None or mesh.is_inferred or not tp_axes or framework not in ("jax", "torch_xla"):
+        return (), "the mesh's axis names or the framework are not known"
+    made = [e for e in record_entries(ctx.dump.run_record, "meshes")
+            if tuple(e.get("axis_names") or ()) == mesh.axis_names]
+    where = user_line(made[0]) if len(made) == 1 else None
+    if where is None:
+        return (), "the runner's record does not say which line of the program builds this mesh"
+    file, line = where
+    names = mesh.axis_names
+    if names[-len(tp_axes):] == tuple(tp_axes):
+        details: dict[str, object] = {"device_order": "host-major"}
+    else:
+        order = [a for a in names if a not in tp_axes] + [a for a in names if a in tp_axes]
+        details = {"axis_names": tuple(order), "shape": tuple(mesh.axis_size(a) for a in order),
+                   "permutation": tuple(names.index(a) for a in order)}
+    return (SourceEdit("mesh", framework, file=file, line=line, details=details),), None
 
 
 def _tuple(values: Sequence[int]) -> str:

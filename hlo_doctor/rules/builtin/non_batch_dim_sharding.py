@@ -17,7 +17,8 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._suggest import constraint_code, with_user_variable
+from hlo_doctor.rules._levers import flax_logical_rule, with_lever
+from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts
@@ -175,7 +176,8 @@ class NonBatchDimSharding(Rule):
             instruction=dot,
             name=name,
             related=(dot.name, operand.name),
-            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code,
+                                  edits=constraint_edit(spec, ctx.framework, "h")),
             evidence={
                 "dot": dot.name,
                 "shape": str(dot.shape),
@@ -192,7 +194,8 @@ class NonBatchDimSharding(Rule):
                 "executions_per_step": times,
             },
         )
-        return with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
+        finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
+        return _at_flax_rules(ctx, finding, spec)
 
 
 def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
@@ -204,3 +207,13 @@ def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
         return tiles_per_dim(sharding, rank)
     except ValueError:
         return None
+
+
+def _at_flax_rules(ctx: RuleContext, finding: Finding, spec: list) -> Finding:
+    """In a Flax linen program the logical axis rules decide the activation's sharding: fix them."""
+    if finding.suggestion is None or finding.source is None:
+        return finding
+    edit = finding.suggestion.edits[0] if finding.suggestion.edits else None
+    target = edit.target if edit is not None and edit.target else ""
+    lever = flax_logical_rule(ctx.dump.run_record, finding.source.file, finding.source.line, spec, target)
+    return with_lever(finding, lever, ctx.framework)

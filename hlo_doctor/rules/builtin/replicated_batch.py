@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
+from hlo_doctor.rules._levers import jax_argument_constraint, torch_input_marks, with_lever
 from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifier, torch_spec
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -223,7 +225,7 @@ class ReplicatedBatch(Rule):
                 "activation_gather_wire_bytes_per_step": wire,
             },
         )
-        return finding
+        return _at_lever(ctx, finding, spec, variable)
 
     def _finding(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                  batch_axes: set[str], replicating: list[_Axis], activation_flops: float) -> Finding:
@@ -294,7 +296,7 @@ class ReplicatedBatch(Rule):
                                                        - batch_input.shape.byte_size // (split * factor)),
             },
         )
-        return with_torch_source(ctx, finding, module, top)
+        return _at_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable)
 
 
 def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
@@ -374,3 +376,17 @@ def _contracting_axes(dot: Instruction, computation, mesh: Mesh) -> set[str]:  #
             if dim < len(roles.roles[side]) and roles.role(side, dim).role == "contracting":
                 found |= {a.split(":(")[0] for a in axes}
     return found
+
+
+def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str) -> Finding:
+    """The batch sharding where the program sets it: torch_xla marks the model's inputs before the
+    call (and FSDPv2 wrappers get a shard_output); JAX constrains the traced function's argument."""
+    if ctx.framework == "torch_xla":
+        return with_lever(finding, torch_input_marks(ctx.dump.run_record, spec), ctx.framework)
+    if ctx.framework != "jax" or finding.suggestion is None:
+        return finding
+    edit = jax_argument_constraint(ctx.program_path, ctx.traced_function, variable, spec)
+    if edit is None:
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(
+            finding.suggestion, no_edit=f"the program's traced function with the argument {variable} was not found"))
+    return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))

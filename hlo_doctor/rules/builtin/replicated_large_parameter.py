@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._batch import buffer_donors
+from hlo_doctor.rules._levers import keras_layout_key, nnx_partitioning, with_lever
 from hlo_doctor.rules._program import recorded_parameter_path
 from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
@@ -143,13 +144,15 @@ class ReplicatedLargeParameter(Rule):
                        "so pad one or pick an axis that divides it.")
         else:
             summary = f"Shard {name} on dimension {dim} (size {shape.dims[dim]}) over {'/'.join(axis_names)}, like the other weights."
-        return self.finding(
+        edit_target = python_identifier(name.split(" (")[0])
+        finding = self.finding(
             ctx,
             message,
             instruction=anchor,
             related=(param.name, *(p.name for p, _ in sharded[:5])),
             source_from=_first_user_with_source(ctx, module, param),
-            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code,
+                                  no_edit=None if dim is not None else "no dimension divides by the shard count"),
             evidence={
                 "bytes": shape.byte_size,
                 "bytes_per_device_if_sharded": per_device,
@@ -160,6 +163,7 @@ class ReplicatedLargeParameter(Rule):
                 "suggested_dim": -1 if dim is None else dim,
             },
         )
+        return _at_lever(ctx, finding, name, shape.dims, spec, edit_target) if dim is not None else finding
 
 
 def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None]:
@@ -215,3 +219,13 @@ def _user_name(ctx: RuleContext, param: Instruction) -> str:
     shape = shapes[number].dims if shapes is not None and number is not None and number < len(shapes) else None
     path = recorded_parameter_path(ctx.dump.run_record, ctx.traced_function, name, shape)
     return f"{path} ({name})" if path else name
+
+
+def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, target: str) -> Finding:
+    """Keras: the LayoutMap key its variable misses; Flax NNX: with_partitioning on its layer."""
+    record = ctx.dump.run_record
+    if isinstance(record, dict) and record.get("keras"):
+        return with_lever(finding, keras_layout_key(record, shape, spec), ctx.framework)
+    if " (" in name:  # a recorded variable path: nnx.jit's positional state
+        return with_lever(finding, nnx_partitioning(ctx.program_path, name.split(" (")[0], spec), ctx.framework)
+    return finding

@@ -198,7 +198,9 @@ class ReshardChurn(Rule):
             )),
             source_from=source_from,
             suggestion=Suggestion(summary=summary, jax=f"# the layout the value starts in, at every step\n{jax_code}",
-                                  torch_xla=torch_code),
+                                  torch_xla=torch_code,
+                                  no_edit=("which of the layouts the value takes is the right one depends on the ops "
+                                           "around it: remove or align the disagreeing constraint by hand")),
             evidence={
                 "pattern": "full-rematerialization" if remat else "back-and-forth",
                 "reshards": len(chain),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.findings import SourceEdit
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.hlo.opcodes import ASYNC_DONE_OPCODES
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
@@ -254,7 +255,7 @@ class SyncCollective(Rule):
             instruction=pairs[0].start,
             related=tuple(dict.fromkeys(
                 [*names[1:], *(p.done.name for p in pairs)])),
-            suggestion=_flag_suggestion(used),
+            suggestion=_flag_suggestion(used, ctx.framework),
             evidence={
                 "cause": "flag",
                 "flag": used[0].name,
@@ -286,6 +287,7 @@ class SyncCollective(Rule):
                          "collective earlier or give it independent work (e.g. prefetch the next layer's all-gather)."),
                 jax=_APPEND.format(flags="--xla_gpu_enable_latency_hiding_scheduler=true"),
                 torch_xla=_APPEND.format(flags="--xla_gpu_enable_latency_hiding_scheduler=true"),
+                no_edit="the schedule XLA chose is to blame, not a line of the program: no edit is safe to make",
             ),
             evidence={
                 "cause": "schedule",
@@ -350,7 +352,7 @@ _APPEND = ('os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " {flags
            '# in a shell: XLA_FLAGS="$XLA_FLAGS {flags}" python train.py')
 
 
-def _flag_suggestion(flags: list[_Flag]) -> Suggestion:
+def _flag_suggestion(flags: list[_Flag], framework: str | None) -> Suggestion:
     spelled = " ".join(f.spelled for f in flags)
     fixes = []
     for flag in flags:
@@ -359,9 +361,11 @@ def _flag_suggestion(flags: list[_Flag]) -> Suggestion:
         else:
             fixes.append(f"--{flag.name}=true")
     code = _APPEND.format(flags=" ".join(fixes)) + "\n# or remove the flags: async collectives are the default"
+    edits = tuple(SourceEdit("xla-flag", framework, details={"flag": f"--{f.name}", "spelled": f.spelled})
+                  for f in flags) if framework in ("jax", "torch_xla") else ()
     return Suggestion(summary=f"Remove {spelled} from XLA_FLAGS so collectives run asynchronously and overlap "
                               "compute.",
-                      jax=code, torch_xla=code)
+                      jax=code, torch_xla=code, edits=edits)
 
 
 def _done_index(order: tuple[Instruction, ...], index: int, start: Instruction) -> int | None:

@@ -180,6 +180,8 @@ class UnevenShardingPadding(Rule):
                 ),
                 jax=f"# size {suggested} instead of {size}\n{jax_code}",
                 torch_xla=f"# size {suggested} instead of {size}\n{torch_code}",
+                no_edit=(f"the size {size} is a model dimension (a config value such as the vocabulary): "
+                         "padding it changes the model, so it is yours to make"),
             ),
             evidence={
                 "dim_size": size,

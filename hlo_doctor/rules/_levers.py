@@ -1,0 +1,352 @@
+"""The lever the user holds: a fix written where the program decides the sharding.
+
+A rule finds *what* is sharded wrongly (an activation's batch dim, a parameter
+left whole); the program may decide that sharding somewhere other than the op's
+line. The runner's record and the program's source say where:
+
+* Flax linen: the logical axis rules (``nn.logical_axis_rules``) map the logical
+  axes of ``nn.with_logical_constraint`` to mesh axes, first rule first; the fix
+  is the rules list, not another constraint.
+* Keras 3: a ``LayoutMap`` whose keys match no variable leaves it replicated; the
+  fix is a key.
+* Flax NNX: a parameter made without ``nnx.with_partitioning`` metadata.
+* torch_xla: the model's inputs (``mark_sharding`` before the model is called) and
+  FSDPv2's ``shard_output``, at the line the runner recorded for each wrapper.
+* JAX: the traced function's own argument, constrained where the function starts.
+
+Each function returns the :class:`~hlo_doctor.findings.SourceEdit` records and the
+code to show, or nothing when the program does not say enough.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hlo_doctor.findings import SourceEdit, SourceRef
+from hlo_doctor.rules._program import parsed_program
+from hlo_doctor.rules._records import record_entries, user_line
+from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
+
+__all__ = [
+    "Lever",
+    "flax_logical_rule",
+    "jax_argument_constraint",
+    "keras_layout_key",
+    "nnx_partitioning",
+    "torch_input_marks",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Lever:
+    """A fix at the place the program decides: its summary, code and edits."""
+
+    summary: str
+    code: str
+    edits: tuple[SourceEdit, ...]
+    line: tuple[str, int] | None = None
+    """the user's line the fix goes at, for a finding whose op carries no line of the user's code"""
+
+
+def _calls(tree: ast.AST, line: int) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+
+
+def _callee(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _strings(node: ast.expr) -> tuple[str | None, ...] | None:
+    """A literal tuple/list of strings and None (``("batch", "length", "embed")``)."""
+    if not isinstance(node, (ast.Tuple, ast.List)):
+        return None
+    values: list[str | None] = []
+    for element in node.elts:
+        if isinstance(element, ast.Constant) and (element.value is None or isinstance(element.value, str)):
+            values.append(element.value)
+        else:
+            return None
+    return tuple(values)
+
+
+# -- Flax linen: the logical axis rules ------------------------------------------------
+
+def flax_logical_rule(record: Mapping[str, Any] | None, source_file: str | None, source_line: int | None,
+                      dims: Sequence[DimAxes], target: str) -> Lever | None:
+    """The logical axis rule that puts the batch back on the batch dim of a logical constraint.
+
+    The constraint is the ``nn.with_logical_constraint(target, (names...))`` the program applies
+    to ``target`` on or after the finding's line (read from the source). Flax maps an array's
+    logical axes rule by rule, first rule first, and gives each mesh axis to one dim only: the
+    rule of the batch dim's logical name must come before the rules of the other dims' names
+    that take the same mesh axes.
+    """
+    rules_entries = list(record_entries(record, "flax_logical_rules"))
+    tree = parsed_program(source_file)
+    if not rules_entries or tree is None or source_line is None:
+        return None
+    batch_dim = next((d for d, axes in enumerate(dims) if axes), None)
+    if batch_dim is None:
+        return None
+    mesh_axes = tuple(dims[batch_dim] or ())
+    logical = _logical_names(tree, source_line, target)
+    if logical is None or batch_dim >= len(logical) or logical[batch_dim] is None:
+        return None
+    batch_name = logical[batch_dim]
+    entry = rules_entries[-1]
+    where = user_line(entry)
+    rules = [(str(r[0]), r[1]) for r in entry.get("rules") or () if isinstance(r, list) and len(r) == 2]
+    if where is None or not rules:
+        return None
+
+    def axes_of(value: object) -> tuple[str, ...]:
+        return (value,) if isinstance(value, str) else tuple(v for v in value or () if isinstance(v, str))
+
+    index = next((i for i, (name, _) in enumerate(rules) if name == batch_name), None)
+    # the logical names an array constrained with the batch name also carries (on any line)
+    together = {n for names in _all_logical_constraints(tree) if batch_name in names for n in names if n}
+    competitors = [name for i, (name, value) in enumerate(rules)
+                   if name in together and name != batch_name and set(axes_of(value)) & set(mesh_axes)
+                   and (index is None or i < index)]
+    if index is not None and axes_of(rules[index][1]) == mesh_axes and not competitors:
+        return None  # the rules already say it: the constraint is not the cause
+    fixed = [(batch_name, mesh_axes)] + [(n, v) for n, v in rules if n != batch_name]
+    axes_text = repr(mesh_axes[0]) if len(mesh_axes) == 1 else repr(mesh_axes)
+    rules_text = "[" + ", ".join(f"({n!r}, {_rule_value(v)})" for n, v in fixed) + "]"
+    summary = (f"Put the logical axis rule ({batch_name!r}, {axes_text}) first in the rules passed to "
+               f"nn.logical_axis_rules at line {where[1]}"
+               + (f", before {', '.join(repr(c) for c in competitors)}" if competitors else "")
+               + f": Flax gives each mesh axis of an array to the first rule that claims it; with the batch rule "
+               f"first, the logical axes {tuple(logical)} put {axes_text} on dim {batch_dim} ({batch_name!r}), and "
+               "the weights, whose logical axes have no batch, keep their sharding")
+    edit = SourceEdit("logical-rule", "jax", target=batch_name, file=where[0], line=where[1],
+                      details={"logical": batch_name, "mesh_axes": mesh_axes, "before": tuple(competitors)})
+    return Lever(summary, f"rules = {rules_text}", (edit,))
+
+
+def _rule_value(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return repr(tuple(value)) if len(value) != 1 else repr(value[0])
+    return repr(value)
+
+
+def _logical_constraints(scope: ast.AST) -> list[tuple[int, str | None, tuple[str | None, ...]]]:
+    """(line, constrained variable, logical axes) of each literal ``with_logical_constraint`` in ``scope``."""
+    found = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Call) and _callee(node) == "with_logical_constraint" and len(node.args) >= 2:
+            names = _strings(node.args[1])
+            if names is not None:
+                value = node.args[0].id if isinstance(node.args[0], ast.Name) else None
+                found.append((node.lineno, value, names))
+    return sorted(found, key=lambda f: f[0])
+
+
+@functools.lru_cache(maxsize=8)
+def _all_logical_constraints(tree: ast.Module) -> tuple[tuple[str | None, ...], ...]:
+    return tuple(names for _, _, names in _logical_constraints(tree))
+
+
+def _logical_names(tree: ast.Module, line: int, target: str) -> tuple[str | None, ...] | None:
+    """The logical axes the program gives the value of ``line``: the first
+    ``with_logical_constraint(target, ...)`` on or after it in its function, else the constraint
+    of that function nearest the line."""
+    function = _enclosing_function(tree, line)
+    found = _logical_constraints(function if function is not None else tree)
+    after = [names for at, value, names in found if at >= line and value == target]
+    if after:
+        return after[0]
+    if not found:
+        return None
+    return min(found, key=lambda f: abs(f[0] - line))[2]
+
+
+def _enclosing_function(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    best = None
+    for node in ast.walk(tree):
+        inside = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+            node.lineno <= line <= (node.end_lineno or node.lineno)
+        if inside and (best is None or node.lineno > best.lineno):
+            best = node
+    return best
+
+
+# -- Keras 3: the LayoutMap key ------------------------------------------------------
+
+_INDEXED = re.compile(r"_\d+(?=/|$)")
+
+
+def keras_layout_key(record: Mapping[str, Any] | None, shape: Sequence[int],
+                     dims: Sequence[DimAxes]) -> Lever | None:
+    """``layout_map[key] = spec`` for the Keras variables of this shape no key matched.
+
+    The runner records every variable the distribution looked up and the key that matched it
+    (None: none did, so Keras replicated it). The key generalizes the layer index
+    (``decoder_block_\\d+/ffw_gating/kernel``) and goes after the program's last key.
+    """
+    variables = [v for v in record_entries(record, "keras", "variables") if v.get("matched_key") is None]
+    layouts = list(record_entries(record, "keras", "layouts"))
+    where = user_line(layouts[-1]) if layouts else None
+    if where is None:
+        return None
+    # Keras variables are recorded without shapes: match by the parameter's rank and the key's
+    # pattern only when exactly the unmatched kernels of this rank remain.
+    paths = sorted({_layer_pattern(str(v.get("path"))) for v in variables
+                    if str(v.get("path", "")).endswith("/kernel")})
+    if not paths:
+        return None
+    spec = spec_tuple(dims)
+    value = torch_spec(dims)
+    mapping = _subscripted_name(where) or "layout_map"
+    lines = [f'{mapping}[r"{p}"] = {value}' for p in paths]
+    edits = tuple(SourceEdit("layout-map-key", "jax", target=p, spec=spec, file=where[0], line=where[1],
+                             details={"key": p}) for p in paths)
+    summary = (f"No key of the LayoutMap matches {', '.join(paths)}, so Keras replicates {'them' if len(paths) > 1 else 'it'} "
+               f"on every device: add {'keys' if len(paths) > 1 else 'a key'} after line {where[1]}")
+    return Lever(summary, "\n".join(lines), edits)
+
+
+def _layer_pattern(path: str) -> str:
+    """``decoder_block_0/ffw_gating_2/kernel`` -> ``decoder_block_\\d+/ffw_gating_2/kernel``: the layer
+    index of the first component generalized, the rest kept."""
+    head, _, rest = path.partition("/")
+    return _INDEXED.sub(r"_\\d+", head) + ("/" + rest if rest else "")
+
+
+def _subscripted_name(where: tuple[str, int]) -> str | None:
+    """The mapping a ``name[key] = value`` statement on that line assigns into (the program's LayoutMap)."""
+    tree = parsed_program(where[0])
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Assign) and node.lineno == where[1] and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                return target.value.id
+    return None
+
+
+# -- Flax NNX: with_partitioning on the layer's initializer ---------------------------
+
+def nnx_partitioning(source_file: str | None, path: str, dims: Sequence[DimAxes]) -> Lever | None:
+    """``nnx.with_partitioning`` on the initializer of the layer ``path`` names (``unembed/kernel``):
+    the program's ``self.unembed = nnx.Linear(...)``."""
+    tree = parsed_program(source_file)
+    parts = path.split("/")
+    if tree is None or len(parts) < 2:
+        return None
+    layer, leaf = parts[-2], parts[-1]
+    made = [node for node in ast.walk(tree) if isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == layer
+            and isinstance(node.value, ast.Call)]
+    # a construction that already carries partitioning metadata is not the one that lost it
+    made = [n for n in made if not any(isinstance(c, ast.Call) and _callee(c) == "with_partitioning"
+                                       for c in ast.walk(n.value))]
+    if len(made) != 1 or source_file is None:
+        return None
+    node = made[0]
+    argument = f"{leaf}_init"
+    spec = jax_spec(dims)[1:]  # "P(None, 'fsdp')" -> "(None, 'fsdp')"
+    if not spec.endswith(",)") and spec.count(",") == 0:
+        spec = spec[:-1] + ",)"
+    edit = SourceEdit("with-partitioning", "jax", target=path, spec=spec_tuple(dims), file=source_file,
+                      line=node.lineno, details={"argument": argument})
+    code = f"{argument}=nnx.with_partitioning(nnx.initializers.lecun_normal(), {spec})"
+    summary = (f"Give {layer} partitioning metadata where line {node.lineno} makes it: {argument}=nnx.with_partitioning"
+               f"(..., {spec}), so nnx.get_partition_spec shards its {leaf} like the other weights")
+    return Lever(summary, code, (edit,))
+
+
+# -- torch_xla: the model's inputs and FSDPv2's shard_output --------------------------
+
+_FSDPV2 = "SpmdFullyShardedDataParallel"
+
+
+def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes]) -> Lever | None:
+    """``xs.mark_sharding`` of the model's tensor arguments just before the outermost module call,
+    and a ``shard_output`` for every FSDPv2 wrapper the program made (its default marks the
+    output's dim 0 over ``'fsdp'`` only)."""
+    calls = list(record_entries(record, "module_calls"))
+    if not calls:
+        return None
+    top = calls[0]
+    where = user_line(top)
+    tree = parsed_program(where[0]) if where else None
+    if where is None or tree is None:
+        return None
+    call = next((c for c in _calls(tree, where[1]) if c.lineno == where[1]), None)
+    names = [a.id for a in (call.args if call else []) if isinstance(a, ast.Name)]
+    names += [k.value.id for k in (call.keywords if call else []) if isinstance(k.value, ast.Name)]
+    names = [n for n in dict.fromkeys(names) if n not in ("model", "self")]
+    if not names:
+        return None
+    spec = spec_tuple(dims)
+    edits = [SourceEdit("constrain", "torch_xla", target=n, spec=spec, file=where[0], line=where[1],
+                        details={"position": "before"}) for n in names]
+    lines = [f"xs.mark_sharding({n}, mesh, {torch_spec(dims)})" for n in names]
+    wrapped = any(str(c.get("module_class", "")).endswith(_FSDPV2) for c in calls)
+    wrappers = _constructions(tree, _FSDPV2) if wrapped else []
+    output_dims: list[DimAxes] = [dims[0], None, None]
+    for line in wrappers:
+        edits.append(SourceEdit("shard-output", "torch_xla", spec=spec_tuple(output_dims), file=where[0], line=line,
+                                details={"rank": 3, "attribute": "logits"}))
+    if wrappers:
+        lines += ["def shard_output(output, mesh):",
+                  f"    xs.mark_sharding(output.logits if hasattr(output, 'logits') else output[0], mesh, "
+                  f"{torch_spec(output_dims)})",
+                  "FSDPv2(module, mesh=mesh, shard_output=shard_output)"]
+    summary = (f"Mark {', '.join(names)} over {torch_spec(dims[:1])[1:-2]} before the model is called at line {where[1]}"
+               + (" and give each FSDPv2 wrapper a shard_output over the same axes (its default splits the output "
+                  "over 'fsdp' alone)" if wrappers else ""))
+    return Lever(summary, "\n".join(lines), tuple(dict.fromkeys(edits)), where)
+
+
+def _constructions(tree: ast.Module, class_name: str) -> list[int]:
+    """The lines that call ``class_name`` under any name the program imports it as."""
+    names = {class_name}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names |= {a.asname for a in node.names if a.name == class_name and a.asname}
+    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n) in names})
+
+
+# -- JAX: the traced function's argument ------------------------------------------------
+
+def jax_argument_constraint(source_file: str | None, function: str | None, argument: str,
+                            dims: Sequence[DimAxes]) -> SourceEdit | None:
+    """A constraint of the traced function's ``argument`` as its body starts (the ``def`` line)."""
+    tree = parsed_program(source_file)
+    if tree is None or function is None or source_file is None:
+        return None
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name == function and argument in [a.arg for a in n.args.args + n.args.kwonlyargs]]
+    if len(defs) != 1:
+        return None
+    return SourceEdit("constrain", "jax", target=argument, spec=spec_tuple(dims), file=source_file,
+                      line=defs[0].lineno, details={"position": "function-start"})
+
+
+def with_lever(finding: Any, lever: Lever | None, framework: str | None) -> Any:
+    """``finding`` with its suggestion written at the lever (unchanged when there is none)."""
+    import dataclasses
+
+    if lever is None or finding.suggestion is None:
+        return finding
+    code = {"jax": finding.suggestion.jax, "torch_xla": finding.suggestion.torch_xla}
+    if framework in code:
+        code[framework] = lever.code
+    suggestion = dataclasses.replace(finding.suggestion, summary=lever.summary + ".", edits=lever.edits,
+                                     no_edit=None, **code)
+    source, message = finding.source, finding.message
+    if source is None and lever.line is not None:
+        source = SourceRef(lever.line[0], lever.line[1])
+        message = message.replace(_NO_LINE, f" (the op records only library frames; line {lever.line[1]} of your "
+                                            "code is where the fix goes)")
+    return dataclasses.replace(finding, suggestion=suggestion, source=source, message=message)
+
+
+_NO_LINE = " (the dump records only library frames for this op, no line of your code)"
