@@ -7,6 +7,7 @@ Bytes are collective bytes per device per step (:mod:`hlo_doctor.semantics.criti
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from hlo_doctor._version import __version__
@@ -21,10 +22,23 @@ __all__ = ["plan_text", "plan_to_dict", "verification_text", "verification_to_di
 SCHEMA_VERSION = 1
 
 
-def _where(finding: Finding) -> str:
+def _shown(path: object) -> str:
+    """``path`` relative to the current folder when it is below it (as the diff names files), else as it is."""
+    try:
+        return str(Path(str(path)).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+def _where(finding: Finding, *, relative: bool = False) -> str:
     if finding.source is not None:
-        return f"{finding.source.file}:{finding.source.line}"
+        file = _shown(finding.source.file) if relative else finding.source.file
+        return f"{file}:{finding.source.line}"
     return finding.module
+
+
+def _here(finding: Finding) -> str:
+    return _where(finding, relative=True)
 
 
 def _edit_dict(planned: Any) -> dict[str, Any]:
@@ -59,7 +73,7 @@ def plan_to_dict(plan: Any, *, dump: str, written: tuple[str, ...] = ()) -> dict
 
 def refusals_text(plan: Any) -> str:
     """One line per refused finding: where, rule, why no safe edit."""
-    return "".join(plain(f"no safe edit: {_where(r.finding)}: {r.finding.rule}: {r.reason}") + "\n"
+    return "".join(plain(f"no safe edit: {_here(r.finding)}: {r.finding.rule}: {r.reason}") + "\n"
                    for r in plan.refused)
 
 
@@ -122,19 +136,19 @@ def verification_text(result: Verification) -> str:
     if diff:
         lines.append(diff.rstrip("\n"))
         lines.append("")
-    lines.append(f"hlo-doctor fix --verify: {result.program}")
+    lines.append(f"hlo-doctor fix --verify: {_shown(result.program)}")
     for planned in result.plan.applied:
-        lines.append(f"  edit: {_where(planned.finding)}: {planned.finding.rule}: {planned.description}")
+        lines.append(f"  edit: {_here(planned.finding)}: {planned.finding.rule}: {planned.description}")
     for refusal in result.plan.refused:
-        lines.append(f"  no safe edit: {_where(refusal.finding)}: {refusal.finding.rule}: {refusal.reason}")
+        lines.append(f"  no safe edit: {_here(refusal.finding)}: {refusal.finding.rule}: {refusal.reason}")
     for problem in result.problems:
         lines.append(f"  not verified: {problem}")
     if result.after is not None:
         for outcome in result.targeted:
-            how = f" (matched by {outcome.matched_by} at {_where(outcome.after)})" if outcome.after else ""
-            lines.append(f"  {outcome.status}: {outcome.finding.rule} at {_where(outcome.finding)}{how}")
+            how = f" (matched by {outcome.matched_by} at {_here(outcome.after)})" if outcome.after else ""
+            lines.append(f"  {outcome.status}: {outcome.finding.rule} at {_here(outcome.finding)}{how}")
         for finding in result.new:
-            lines.append(f"  new: {finding.severity.value} {finding.rule} at {_where(finding)}: {finding.message}")
+            lines.append(f"  new: {finding.severity.value} {finding.rule} at {_here(finding)}: {finding.message}")
         if not result.new:
             lines.append("  no new findings")
     before, after = result.before_traffic, result.after_traffic
