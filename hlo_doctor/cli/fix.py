@@ -26,6 +26,7 @@ from hlo_doctor.cli.common import (
 )
 from hlo_doctor.cli.run import _split_command
 from hlo_doctor.errors import InputError
+from hlo_doctor.examples.registry import local_program_file
 from hlo_doctor.files import write_atomically
 from hlo_doctor.fix.output import (
     dumps,
@@ -42,11 +43,38 @@ from hlo_doctor.runner.run import RunError
 from hlo_doctor.runner.targets import TargetError, parse_target
 
 
-def _plan(findings, program, select):  # noqa: ANN001, ANN202
+def _plan(findings, program, select, path_map=None):  # noqa: ANN001, ANN202
     try:
+        if path_map:
+            return fixlib.plan_fixes(findings, program=program, select=select, path_map=path_map)
         return fixlib.plan_fixes(findings, program=program, select=select)
     except NotImplementedError:
         raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None
+
+
+def _path_map(pairs: tuple[str, ...], findings, program: str | None) -> dict[str, str]:  # noqa: ANN001
+    """``--path-map RECORDED=LOCAL`` pairs, and for a recorded gallery program not on this machine
+    (a fixture made in another checkout) this package's copy of it."""
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        recorded, sep, local = pair.partition("=")
+        if not sep or not recorded or not local:
+            raise InputError(f"--path-map takes RECORDED=LOCAL, not {pair!r}")
+        mapping[recorded] = local
+    recorded_files = {program} | {f.source.file for f in findings if f.source is not None} | {
+        e.file for f in findings if f.suggestion is not None for e in f.suggestion.edits if e.file}
+    for path in sorted(p for p in recorded_files if p):
+        if path in mapping or Path(path).is_file():
+            continue
+        local_copy = local_program_file(path)
+        if local_copy is not None:
+            mapping[path] = str(local_copy)
+    return mapping
+
+
+def changed_files(plan) -> list[str]:  # noqa: ANN001
+    """The files whose text the plan changes (it also holds files it read and left as they were)."""
+    return [path for path, text in plan.patched.items() if text != plan.originals.get(path)]
 
 
 def _known_rules(select: list[str], registry) -> list[str]:  # noqa: ANN001
@@ -60,6 +88,9 @@ def _known_rules(select: list[str], registry) -> list[str]:  # noqa: ANN001
 @click.option("--write", is_flag=True,
               help="Apply the patch to the files (with --verify: only when the verification passed).")
 @click.option("--select", multiple=True, metavar="ID", help="Fix only the findings of these rules.")
+@click.option("--path-map", multiple=True, metavar="RECORDED=LOCAL",
+              help="Read (and --write) the file or folder the dump recorded as RECORDED at LOCAL instead "
+                   "(a dump made on another machine or checkout).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
 @click.option("--verify", is_flag=True,
@@ -104,27 +135,31 @@ def fix_command(write, select, output_format, verify, command, **options):
                           ("--dump-dir", "dump_dir")):
             if options[key] is not None:
                 raise InputError(f"{name} needs --verify")
-        _fix_dump(command[0], analysis, chosen, write, output_format)
+        _fix_dump(command[0], analysis, chosen, write, output_format, options["path_map"])
         return
+    if options["path_map"]:
+        raise InputError("--path-map is for a DUMP made elsewhere; --verify runs the script here")
     if not command:
         raise InputError("--verify runs a script: hlo-doctor fix --verify [OPTIONS] -- python SCRIPT [ARGS]")
     _fix_verify(command, analysis, chosen, write, output_format, options)
 
 
-def _fix_dump(dump, analysis, select, write, output_format) -> None:  # noqa: ANN001
+def _fix_dump(dump, analysis, select, write, output_format, path_pairs) -> None:  # noqa: ANN001
     report = run_analysis(dump, analysis["config"], analysis["verbose"], analysis["registry"], analysis["jobs"])
-    plan = _plan(report.findings, report.program, select)
+    path_map = _path_map(path_pairs, report.findings, report.program)
+    plan = _plan(report.findings, report.program, select, path_map)
+    changed = changed_files(plan)
     written: tuple[str, ...] = ()
     if write:
-        for path, text in plan.patched.items():
-            write_atomically(Path(path), text)
-        written = tuple(plan.patched)
+        for path in changed:
+            write_atomically(Path(path), plan.patched[path])
+        written = tuple(changed)
     if output_format == "json":
         emit(dumps(plan_to_dict(plan, dump=dump, written=written)), None)
     else:
         emit(plan_text(plan), None)
         click.echo(refusals_text(plan), err=True, nl=False)
-        edits, files = len(plan.applied), len(plan.patched)
+        edits, files = len(plan.applied), len(changed)
         summary = (f"{edits} edit{'s' if edits != 1 else ''} in {files} file{'s' if files != 1 else ''}"
                    + (" (written)" if written else "" if not edits else " (not written: add --write)"))
         if plan.refused:

@@ -64,7 +64,7 @@ def plan_to_dict(plan: Any, *, dump: str, written: tuple[str, ...] = ()) -> dict
         "tool": {"name": "hlo-doctor", "version": __version__},
         "dump": dump,
         "diff": _diff(plan),
-        "files": sorted(plan.patched),
+        "files": sorted(p for p, text in plan.patched.items() if text != plan.originals.get(p)),
         "written": list(written),
         "edits": [_edit_dict(e) for e in plan.applied],
         "refused": [_refusal_dict(r) for r in plan.refused],

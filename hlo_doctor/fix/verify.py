@@ -221,9 +221,10 @@ def verify_fix(
         result.targeted = tuple(o for o in outcomes if any(o.finding is t for t in targets))
         result.new = new
         if write and result.ok:
-            for path, text in plan.patched.items():
-                write_atomically(Path(path), text)
-            result.written = tuple(plan.patched)
+            changed = [p for p, text in plan.patched.items() if text != plan.originals.get(p)]
+            for path in changed:
+                write_atomically(Path(path), plan.patched[path])
+            result.written = tuple(changed)
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
