@@ -50,6 +50,7 @@ def program_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (("fix",), "give one DUMP"),
         (("fix", str(SEED_BAD), str(SEED_FIXED)), "give one DUMP"),
         (("fix", str(SEED_BAD), "-o", "fixed.py"), "-o needs --verify"),
+        (("fix", str(SEED_BAD), "--path-map", "no-equals-sign"), "--path-map takes RECORDED=LOCAL"),
         (("fix", "--verify"), "--verify runs a script"),
         (("fix", "--verify", "--", sys.executable, "/no/such/script.py"), "no such script"),
         (("fix", "--verify", "--devices", "4", "--target", "h100:1x8", "--", "python", str(PROGRAM)),
@@ -107,6 +108,27 @@ def test_a_finding_without_a_safe_edit_exits_1_with_the_reason(monkeypatch: pyte
         "rule": "non-batch-dim-sharding", "fingerprint": document["refused"][0]["fingerprint"],
         "where": "/work/main/hlo_doctor/examples/programs/fsdp_activation_gather.py:49",
         "message": document["refused"][0]["message"], "reason": "the fake planner has no edit for it"}]
+
+
+def test_the_real_library_refuses_a_model_dimension_and_fix_exits_1() -> None:
+    # uneven-sharding-padding on the vocabulary (50257): padding it would change the model
+    result = run("fix", str(ROOT / "fixtures" / "uneven-padding" / "jax-shardy-bad"))
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    assert ("uneven_padding.py:44: uneven-sharding-padding: the size 50257 is a model dimension (a config value "
+            "such as the vocabulary): padding it changes the model, so it is yours to make") in result.stderr
+    assert result.stderr.strip().endswith("0 edits in 0 files; 1 finding without a safe edit")
+
+
+def test_a_recorded_gallery_program_from_another_checkout_is_read_from_this_one() -> None:
+    # the dump was made in another worktree (/work/wt-tpu/...); its program is this package's copy
+    dump = ROOT / "fixtures" / "cross-host-tp" / "jax0.7.2-shardy-bad"
+    assert "/work/wt-tpu/" in (dump / "hlo_doctor_run.json").read_text()
+    result = run("fix", str(dump), "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [Path(f).name for f in document["files"]] == ["cross_host_tp.py"]
+    assert '+        mesh = Mesh(devices.reshape(n // 2, 2), ("dp", "tp"))\n' in document["diff"]
 
 
 def test_fix_of_a_clean_dump_has_nothing_to_do(program_copy: Path) -> None:

@@ -107,6 +107,17 @@ def test_the_real_fix_of_the_jax_seed_verifies(tmp_path: Path) -> None:
     assert "with_sharding_constraint" in script.read_text().splitlines()[49]  # --write, after verifying
 
 
+@pytest.mark.skipif(not HAVE_JAX, reason="jax is not installed")
+def test_a_program_whose_finding_has_no_safe_edit_exits_1_with_the_reason() -> None:
+    real_library()
+    result = verify("--devices", "8", "--", sys.executable, str(PROGRAMS / "uneven_padding.py"), "--variant", "bad")
+    assert result.exit_code == 1, result.output
+    assert ("  no safe edit: hlo_doctor/examples/programs/uneven_padding.py:44: uneven-sharding-padding: the size "
+            "50257 is a model dimension") in result.stdout.replace(str(PROGRAMS.parents[2]) + "/", "")
+    assert "    total                 " in result.stdout  # the bytes before, though nothing was recompiled
+    assert result.stdout.rstrip().endswith("not verified")
+
+
 @pytest.mark.skipif(not HAVE_TORCH_XLA, reason="torch_xla is not installed")
 def test_the_real_fix_of_the_torch_xla_seed_verifies(tmp_path: Path) -> None:
     real_library()
