@@ -277,6 +277,8 @@ def _write_copy(script: Path, program: str, plan: Any, overlay: Path,
     problems = []
     wrote_script = False
     for path, text in plan.patched.items():
+        if text == plan.originals.get(path):
+            continue  # read, left as it was
         resolved = Path(path).resolve()
         if _same_file(resolved, script.resolve()) or _same_file(resolved, Path(program).resolve()):
             copy.parent.mkdir(parents=True, exist_ok=True)
