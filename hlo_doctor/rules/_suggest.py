@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import re
 from collections.abc import Sequence
@@ -132,11 +133,16 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
     names the value. When the line assigns nothing (``return self.fc2(h)``), the code keeps
     ``placeholder`` and the summary says to bind the line's result to it.
     """
-    import dataclasses
-
     suggestion, source = finding.suggestion, finding.source
-    if suggestion is None or source is None:
+    if suggestion is None:
         return finding
+    if source is None:  # a constraint needs the line that makes the value
+        edits = tuple(e for e in suggestion.edits if not (e.kind == "constrain" and e.file is None))
+        if len(edits) == len(suggestion.edits):
+            return finding
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(
+            suggestion, edits=edits,
+            no_edit="the dump records no line of your code for this op, so there is no line to constrain it at"))
     name = assigned_name(source.file, source.line)
     if name is None:
         note = f" (line {source.line} assigns no variable: bind its result to {placeholder} first)"
