@@ -30,6 +30,7 @@ from typing import Any
 from hlo_doctor.findings import SourceEdit, SourceRef
 from hlo_doctor.rules._program import parsed_program
 from hlo_doctor.rules._records import record_entries, user_line
+from hlo_doctor.rules._spec_sites import parameter_spec_site, parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
 
 __all__ = [
@@ -38,7 +39,10 @@ __all__ = [
     "jax_argument_constraint",
     "keras_layout_key",
     "nnx_partitioning",
+    "parameter_respec",
     "torch_input_marks",
+    "user_constraint_respec",
+    "with_lever",
 ]
 
 
@@ -350,3 +354,67 @@ def with_lever(finding: Any, lever: Lever | None, framework: str | None) -> Any:
 
 
 _NO_LINE = " (the dump records only library frames for this op, no line of your code)"
+
+
+# -- the user's own constraint that writes the wrong spec --------------------------------
+
+def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | None, source_line: int | None,
+                           shape: Sequence[int], batch_dim: int, dims: Sequence[DimAxes],
+                           framework: str | None) -> Lever | None:
+    """The program's own constraint on this value, a few lines on, that splits a feature dim and
+    leaves the batch dim whole: the fix is its spec, written where the program writes it.
+
+    The runner records each ``with_sharding_constraint`` / ``mark_sharding`` call with its
+    spec, the value's shape and the stack; the one that counts is the first after the
+    finding's line, in its file, on a value of the dot's shape.
+    """
+    if source_file is None or source_line is None or framework not in ("jax", "torch_xla"):
+        return None
+    candidates = []
+    for call in record_entries(record, "sharding_calls"):
+        where = user_line(call)
+        spec = parse_spec_text(str(call.get("spec", "")))
+        if where is None or spec is None or tuple(call.get("shape") or ()) != tuple(shape):
+            continue
+        file, line = where
+        if file != source_file or not source_line < line <= source_line + 5:
+            continue
+        whole_batch = batch_dim >= len(spec) or spec[batch_dim] is None
+        if whole_batch and any(axes for d, axes in enumerate(spec) if d != batch_dim):
+            candidates.append((line, spec))
+    if not candidates:
+        return None
+    line, old_spec = min(candidates)
+    site = spec_site(source_file, line, old_spec)
+    if site is None:
+        return None
+    new_spec = spec_tuple(dims)
+    written = (jax_spec(dims) if site.text.startswith(("P(", "PartitionSpec(")) else torch_spec(dims))
+    if site.text.startswith("PartitionSpec("):
+        written = "PartitionSpec(" + written[2:]
+    code = site.line_text.strip().replace(site.text, written, 1)
+    edit = SourceEdit("respec", framework, spec=new_spec, old_spec=old_spec, file=source_file, line=site.line)
+    summary = (f"Line {line} constrains this value to {site.text}, which splits a feature dim and leaves batch dim "
+               f"{batch_dim} whole on every device: write {written} where line {site.line} makes that spec, so the "
+               "value stays batch-sharded like its input")
+    return Lever(summary, code, (edit,))
+
+
+def parameter_respec(program: str | None, argument: str, dims: Sequence[DimAxes], framework: str | None) -> Lever | None:
+    """The replicated spec the program writes for the JAX argument ``argument`` (its
+    ``jax.ShapeDtypeStruct(..., sharding=...)`` or ``jax.device_put``), written sharded instead."""
+    if framework != "jax":
+        return None
+    site = parameter_spec_site(program, argument, ())
+    if site is None or program is None:
+        return None
+    written = jax_spec(dims)
+    if site.text.startswith("PartitionSpec("):
+        written = "PartitionSpec(" + written[2:]
+    code = site.line_text.strip().replace(site.text, written, 1)
+    edit = SourceEdit("respec", framework, target=argument, spec=spec_tuple(dims), old_spec=(), file=program,
+                      line=site.line)
+    summary = (f"Line {site.line} writes {site.text} (replicated) for {argument}: write {written} there, so each device "
+               "holds its shard and the partitioner gathers the weight where it is used")
+    return Lever(summary, code, (edit,))
+
