@@ -72,7 +72,52 @@ def _constrains(statement: cst.CSTNode | None, target: str) -> bool:
     return False
 
 
+def _uses(statement: cst.CSTNode, target: str) -> bool:
+    return any(dotted(node) == target for node in _walk(statement) if isinstance(node, (cst.Name, cst.Attribute)))
+
+
+def _walk(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
+
+
+def _previous_statement(source: Source, statement: cst.CSTNode) -> cst.CSTNode | None:
+    parent = source.parent(statement)
+    body = getattr(parent, "body", None)
+    if not isinstance(body, (list, tuple)):
+        return None
+    for index, node in enumerate(body):
+        if node is statement:
+            return body[index - 1] if index > 0 else None
+    return None
+
+
+def _code_for(source: Source, imports: Imports, edit: SourceEdit, target: str, mesh: str) -> str:
+    quote = source.quote()
+    assert edit.spec is not None
+    if edit.framework == "torch_xla":
+        xs = imports.module_for("torch_xla.distributed.spmd", "xs")
+        return f"{xs}.mark_sharding({target}, {mesh}, {tuple_code(edit.spec, quote)})"
+    wsc = imports.name_for("jax.lax.with_sharding_constraint")
+    named = imports.name_for("jax.sharding.NamedSharding")
+    pspec = imports.name_for("jax.sharding.PartitionSpec", alias="P")
+    return f"{target} = {wsc}({target}, {named}({mesh}, {pspec}({entries(edit.spec, quote)})))"
+
+
 def constrain(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
+    """``details["position"]``: ``"after"`` (default) the statement that assigns ``target``;
+    ``"before"`` the statement on the line that uses ``target`` (a model call); ``"function-start"``:
+    first in the body of the function defined on the line (``target`` one of its parameters)."""
+    if edit.spec is None:
+        raise CannotEdit("the edit gives no partition spec")
+    position = edit.details.get("position", "after")
+    if position == "function-start":
+        return _at_function_start(source, edit, line)
+    if position == "before":
+        return _before(source, edit, line)
     statement = source.statement_at(line)
     assigned = assigned_names(statement)
     target = edit.target
@@ -88,18 +133,64 @@ def constrain(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Import
         raise CannotEdit(f"line {line} assigns {', '.join(assigned)}, not {target}")
     if _constrains(_next_statement(source, statement), target):
         raise CannotEdit(f"{target} is already constrained right after line {line} (already applied?)")
-    if edit.spec is None:
-        raise CannotEdit("the edit gives no partition spec")
     mesh = edit.mesh or source.mesh_variable(statement)
-    quote = source.quote()
     imports = Imports(source)
-    if edit.framework == "torch_xla":
-        xs = imports.module_for("torch_xla.distributed.spmd", "xs")
-        code = f"{xs}.mark_sharding({target}, {mesh}, {tuple_code(edit.spec, quote)})"
-    else:
-        wsc = imports.name_for("jax.lax.with_sharding_constraint")
-        named = imports.name_for("jax.sharding.NamedSharding")
-        pspec = imports.name_for("jax.sharding.PartitionSpec", alias="P")
-        code = f"{target} = {wsc}({target}, {named}({mesh}, {pspec}({entries(edit.spec, quote)})))"
+    code = _code_for(source, imports, edit, target, mesh)
     new = cst.parse_statement(code + "\n")
     return {statement: [statement, new]}, imports, f"after line {line}: {code}"
+
+
+def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
+    statement = source.statement_at(line)
+    target = edit.target
+    if target is None or not _uses(statement, target):
+        raise CannotEdit(f"line {line} does not use {target}")
+    if not isinstance(statement, cst.SimpleStatementLine) and source.lines(statement)[0] != line:
+        raise CannotEdit(f"line {line} is inside a compound statement's header")
+    previous = _previous_statement(source, statement)
+    while previous is not None and _constrains(previous, target) is False and isinstance(
+            previous, cst.SimpleStatementLine) and any(_constrains(previous, t) for t in _names_in(previous)):
+        previous = _previous_statement(source, previous)
+    if previous is not None and _constrains(previous, target):
+        raise CannotEdit(f"{target} is already constrained right before line {line} (already applied?)")
+    mesh = edit.mesh or source.mesh_variable(statement)
+    imports = Imports(source)
+    code = _code_for(source, imports, edit, target, mesh)
+    new = cst.parse_statement(code + "\n")
+    # the new line goes between the statement's leading comments/blank lines and the statement
+    leading = getattr(statement, "leading_lines", ())
+    moved = statement.with_changes(leading_lines=()) if leading else statement
+    new = new.with_changes(leading_lines=leading)
+    return {statement: [new, moved]}, imports, f"before line {line}: {code}"
+
+
+def _names_in(statement: cst.CSTNode) -> list[str]:
+    return [n.value for n in _walk(statement) if isinstance(n, cst.Name)]
+
+
+def _at_function_start(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
+    functions = [n for n in source.walk() if isinstance(n, cst.FunctionDef) and source.lines(n.name)[0] == line]
+    if len(functions) != 1 or not isinstance(functions[0].body, cst.IndentedBlock):
+        raise CannotEdit(f"line {line} defines no function (with an indented body)")
+    function = functions[0]
+    params = [p.name.value for p in (*function.params.params, *function.params.kwonly_params)]
+    target = edit.target
+    if target not in params:
+        raise CannotEdit(f"{function.name.value} has no parameter {target}")
+    body = list(function.body.body)
+    index = 1 if body and _is_docstring(body[0]) else 0
+    if index < len(body) and _constrains(body[index], target):
+        raise CannotEdit(f"{target} is already constrained as {function.name.value} starts (already applied?)")
+    mesh = edit.mesh or source.mesh_variable(body[0] if body else function)
+    imports = Imports(source)
+    code = _code_for(source, imports, edit, target, mesh)
+    new = cst.parse_statement(code + "\n")
+    anchor = body[index] if index < len(body) else body[-1]
+    replacement = [new, anchor] if index < len(body) else [anchor, new]
+    return {anchor: replacement}, imports, f"as {function.name.value} starts (line {line}): {code}"
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
