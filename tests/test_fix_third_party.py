@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from hlo_doctor.findings import SourceEdit
-from tests.fix_cases import dedent, patched, refused
+from tests.fix_cases import PATH, dedent, finding, patched, plan, refused
 
 RULES = '''\
 BAD_RULES = [("embed", "data"), ("batch", "data"), ("mlp", None)]
@@ -173,3 +173,11 @@ def test_xla_flag_removed_from_the_literal_or_refused():
     assert out.splitlines()[2] == 'os.environ["XLA_FLAGS"] = "--xla_dump_to=/tmp/d"'
     assert out.splitlines()[1] == program.splitlines()[1]  # the docstring is not a setting
     assert "set outside the program: remove it from your environment" in refused(out, edit, line=1)
+
+
+def test_shard_output_for_two_wrappers_is_defined_once():
+    result = plan(FSDP, finding(_shard_output(rank=3), line=8), finding(_shard_output(rank=3), line=9))
+    assert not result.refused
+    out = result.patched[PATH]
+    assert out.count("def shard_output(") == 1
+    assert out.count("shard_output=shard_output)") == 2

@@ -4,9 +4,15 @@ JAX: ``h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(...)))``;
 torch_xla: ``xs.mark_sharding(h, mesh, (...))``, both written with the names the file already
 imports (imports added only when missing) and the program's own mesh variable.
 
+Where the statement is already followed by a constraint of the variable to another layout
+(``h = with_sharding_constraint(h, hidden)``), that constraint's sharding is rewritten instead of
+a second one added. ``details["position"]`` may put the constraint ``"before"`` the statement
+that uses the variable (a model call) or at the ``"function-start"`` of the function defined on
+the line.
+
 Refused: a line that assigns no variable (``return f(h)``: binding the value first would
 change more than one line, so the user is told to), a variable the line does not assign, no mesh
-variable visible there, and a statement already followed by the same constraint (applying the
+variable visible there, and a constraint to the same literal spec already there (applying the
 fix twice is a refusal, not a second constraint).
 """
 
@@ -16,8 +22,8 @@ import libcst as cst
 
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.fix.imports import Imports
-from hlo_doctor.fix.locate import CannotEdit, Source, dotted
-from hlo_doctor.fix.specs import entries, tuple_code
+from hlo_doctor.fix.locate import CannotEdit, Source, dotted, literal
+from hlo_doctor.fix.specs import Spec, entries, from_literal, normalize, same, tuple_code
 
 __all__ = ["assigned_names", "constrain"]
 
@@ -58,18 +64,45 @@ def _next_statement(source: Source, statement: cst.CSTNode) -> cst.CSTNode | Non
     return None
 
 
-def _constrains(statement: cst.CSTNode | None, target: str) -> bool:
-    """Whether ``statement`` is already a sharding constraint or mark of ``target``."""
+def _constraint_call(statement: cst.CSTNode | None, target: str) -> cst.Call | None:
+    """The sharding constraint or mark of ``target`` that ``statement`` is, if it is one."""
     if not isinstance(statement, cst.SimpleStatementLine):
-        return False
+        return None
     for small in statement.body:
         value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
         if isinstance(value, cst.Call) and value.args:
             name = (dotted(value.func) or "").rsplit(".", 1)[-1]
             if name in ("with_sharding_constraint", "mark_sharding", "with_logical_constraint") and \
                     dotted(value.args[0].value) == target:
-                return True
-    return False
+                return value
+    return None
+
+
+def _constrains(statement: cst.CSTNode | None, target: str) -> bool:
+    return _constraint_call(statement, target) is not None
+
+
+def _constraint_spec(call: cst.Call) -> Spec | None:
+    """The literal spec a constraint writes (``NamedSharding(mesh, P(...))``, ``P(...)``, a mark's
+    tuple), None when it names a variable or anything else."""
+    name = (dotted(call.func) or "").rsplit(".", 1)[-1]
+    if name == "mark_sharding":
+        value = literal(call.args[2].value) if len(call.args) > 2 else None
+        return normalize(value) if isinstance(value, tuple) else None
+    if name != "with_sharding_constraint" or len(call.args) < 2:
+        return None
+    sharding = call.args[1].value
+    if isinstance(sharding, cst.Call) and (dotted(sharding.func) or "").endswith("NamedSharding") and \
+            len(sharding.args) >= 2:
+        sharding = sharding.args[1].value
+    if isinstance(sharding, cst.Call) and (dotted(sharding.func) or "").rsplit(".", 1)[-1] in ("P", "PartitionSpec"):
+        return from_literal(sharding.args)
+    return None
+
+
+def _already(statement: cst.CSTNode | None, target: str, spec: Spec) -> bool:
+    call = _constraint_call(statement, target)
+    return call is not None and same(_constraint_spec(call), spec)
 
 
 def _uses(statement: cst.CSTNode, target: str) -> bool:
@@ -131,13 +164,40 @@ def constrain(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Import
         target = assigned[0]
     if target not in assigned:
         raise CannotEdit(f"line {line} assigns {', '.join(assigned)}, not {target}")
-    if _constrains(_next_statement(source, statement), target):
-        raise CannotEdit(f"{target} is already constrained right after line {line} (already applied?)")
+    following = _next_statement(source, statement)
+    if _already(following, target, edit.spec):
+        raise CannotEdit(f"{target} is already constrained to that right after line {line} (already applied?)")
     mesh = edit.mesh or source.mesh_variable(statement)
     imports = Imports(source)
+    existing = _constraint_call(following, target)
+    if existing is not None:
+        return _rewrite(source, imports, edit, existing, mesh)
     code = _code_for(source, imports, edit, target, mesh)
     new = cst.parse_statement(code + "\n")
     return {statement: [statement, new]}, imports, f"after line {line}: {code}"
+
+
+def _rewrite(source: Source, imports: Imports, edit: SourceEdit, call: cst.Call, mesh: str
+             ) -> tuple[dict, Imports, str]:
+    """The constraint right after the assignment says another layout: it is the one to change (a
+    second constraint below it would reshard twice)."""
+    assert edit.spec is not None
+    quote = source.quote()
+    name = (dotted(call.func) or "").rsplit(".", 1)[-1]
+    line = source.lines(call)[0]
+    if name == "with_logical_constraint":
+        raise CannotEdit(f"line {line} constrains it by logical axes: change the logical axis rules instead")
+    if name == "mark_sharding":
+        index, value = 2, tuple_code(edit.spec, quote)
+    else:
+        named = imports.name_for("jax.sharding.NamedSharding")
+        pspec = imports.name_for("jax.sharding.PartitionSpec", alias="P")
+        index, value = 1, f"{named}({mesh}, {pspec}({entries(edit.spec, quote)}))"
+    old = call.args[index].value
+    new_call = call.with_changes(args=[a.with_changes(value=cst.parse_expression(value)) if i == index else a
+                                       for i, a in enumerate(call.args)])
+    return {call: new_call}, imports, (f"line {line}: the constraint's {cst.Module([]).code_for_node(old)} "
+                                       f"-> {value}")
 
 
 def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
@@ -151,8 +211,8 @@ def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports,
     while previous is not None and _constrains(previous, target) is False and isinstance(
             previous, cst.SimpleStatementLine) and any(_constrains(previous, t) for t in _names_in(previous)):
         previous = _previous_statement(source, previous)
-    if previous is not None and _constrains(previous, target):
-        raise CannotEdit(f"{target} is already constrained right before line {line} (already applied?)")
+    if previous is not None and _already(previous, target, edit.spec):
+        raise CannotEdit(f"{target} is already constrained to that right before line {line} (already applied?)")
     mesh = edit.mesh or source.mesh_variable(statement)
     imports = Imports(source)
     code = _code_for(source, imports, edit, target, mesh)
@@ -179,7 +239,7 @@ def _at_function_start(source: Source, edit: SourceEdit, line: int) -> tuple[dic
         raise CannotEdit(f"{function.name.value} has no parameter {target}")
     body = list(function.body.body)
     index = 1 if body and _is_docstring(body[0]) else 0
-    if index < len(body) and _constrains(body[index], target):
+    if index < len(body) and _already(body[index], target, edit.spec):
         raise CannotEdit(f"{target} is already constrained as {function.name.value} starts (already applied?)")
     mesh = edit.mesh or source.mesh_variable(body[0] if body else function)
     imports = Imports(source)
