@@ -13,6 +13,7 @@ and review each diff by eye: minimal, and what a user would paste.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def gallery_path_map(*paths: str | None) -> dict[str, str]:
     return {path[: path.index(MARK)]: str(ROOT) for path in paths if path and MARK in path}
 
 
+@functools.lru_cache(maxsize=None)
 def fix_plan(folder: Path) -> tuple[FixPlan | None, str]:
     report = analyze_dump(folder, select=builtin_rule_ids())
     findings = report.findings
