@@ -34,7 +34,7 @@ def gallery_path_map(*paths: str | None) -> dict[str, str]:
     return {path[: path.index(MARK)]: str(ROOT) for path in paths if path and MARK in path}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fix_plan(folder: Path) -> tuple[FixPlan | None, str]:
     report = analyze_dump(folder, select=builtin_rule_ids())
     findings = report.findings
