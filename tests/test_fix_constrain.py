@@ -101,7 +101,16 @@ def test_refused_when_the_line_assigns_another_variable():
 
 def test_applying_twice_is_a_refusal():
     once = patched(JAX, EDIT, line=8)
-    assert "already constrained right after line 8" in refused(once, EDIT, line=8)
+    assert "already constrained to that right after line 8" in refused(once, EDIT, line=8)
+
+
+def test_a_constraint_to_another_layout_right_after_is_rewritten_not_doubled():
+    program = JAX.replace("        return out @ w.T\n", "        out = jax.lax.with_sharding_constraint(out, hidden)\n"
+                          "        return out @ w.T\n")
+    out = patched(program, EDIT, line=8)
+    assert out == program.replace("with_sharding_constraint(out, hidden)",
+                                  'with_sharding_constraint(out, NamedSharding(mesh, P(("data", "model"), None)))')
+    assert "already" in refused(out, EDIT, line=8)
 
 
 TORCH = '''\

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from hlo_doctor.findings import SourceEdit
-from tests.fix_cases import dedent, patched, refused
+from tests.fix_cases import PATH, dedent, finding, patched, plan, refused
 
 RULES = '''\
 BAD_RULES = [("embed", "data"), ("batch", "data"), ("mlp", None)]
@@ -40,8 +40,19 @@ def test_logical_rule_inserted_first_when_missing():
 
 def test_logical_rule_refusals():
     assert "already map" in refused(RULES, _rule("embed", "data"), line=1)
-    chosen = RULES.replace("rules = BAD_RULES", "rules = BAD_RULES if bad else GOOD_RULES")
-    assert "chosen at run time" in refused(chosen, _rule("batch", "data"), line=6)
+    assert "uses no literal logical axis rules" in refused(RULES.replace("rules = BAD_RULES", "rules = load()"),
+                                                           _rule("batch", "data"), line=6)
+
+
+def test_logical_rules_chosen_at_run_time_each_made_to_say_so():
+    """``rules = BAD if bad else GOOD``: the literal that does not say so yet is edited, the other kept."""
+    chosen = RULES.replace("rules = BAD_RULES", 'GOOD_RULES = [("batch", "data"), ("embed", "data")]\n'
+                                                "rules = BAD_RULES if bad else GOOD_RULES")
+    edit = SourceEdit("logical-rule", "jax", details={"logical": "batch", "mesh_axes": ("data",), "before": ("embed",)})
+    out = patched(chosen, edit, line=7)
+    assert out.splitlines()[:2] == ['BAD_RULES = [("batch", "data"), ("embed", "data"), ("mlp", None)]',
+                                    'GOOD_RULES = [("batch", "data"), ("embed", "data")]']
+    assert "already" in refused(out, edit, line=7)
 
 
 LAYOUT = '''\
@@ -67,7 +78,16 @@ def test_layout_map_key_added_after_the_last_assignment_of_the_block():
 
 def test_layout_map_refused_without_a_layout_map():
     edit = SourceEdit("layout-map-key", "jax", details={"key": "k", "spec": (None,)})
-    assert "makes no LayoutMap" in refused(LAYOUT, edit, line=3)
+    assert "makes no LayoutMap" in refused(LAYOUT, edit, line=8)
+
+
+def test_layout_map_key_at_a_key_assignment_goes_in_that_block_with_a_raw_regex():
+    edit = SourceEdit("layout-map-key", "jax", details={"key": r"decoder_block_\d+/ffw_linear/kernel"},
+                      spec=(("model",), None))
+    out = patched(LAYOUT, edit, line=7)
+    assert out.splitlines()[6:8] == ['        layout["feedforward_gate_dense.kernel"] = (None, "model")',
+                                     r'        layout[r"decoder_block_\d+/ffw_linear/kernel"] = ("model", None)']
+    assert "already set" in refused(out, edit, line=7)
 
 
 NNX = '''\
@@ -153,3 +173,11 @@ def test_xla_flag_removed_from_the_literal_or_refused():
     assert out.splitlines()[2] == 'os.environ["XLA_FLAGS"] = "--xla_dump_to=/tmp/d"'
     assert out.splitlines()[1] == program.splitlines()[1]  # the docstring is not a setting
     assert "set outside the program: remove it from your environment" in refused(out, edit, line=1)
+
+
+def test_shard_output_for_two_wrappers_is_defined_once():
+    result = plan(FSDP, finding(_shard_output(rank=3), line=8), finding(_shard_output(rank=3), line=9))
+    assert not result.refused
+    out = result.patched[PATH]
+    assert out.count("def shard_output(") == 1
+    assert out.count("shard_output=shard_output)") == 2

@@ -192,7 +192,9 @@ def mesh(source: Source, edit: SourceEdit, line: int) -> tuple[dict, None, str]:
     names = old_names
     if new_names is not None and new_names != old_names:
         if sorted(new_names) == sorted(old_names):
-            permutation = [old_names.index(n) for n in new_names]
+            permutation = list(details.get("permutation") or [old_names.index(n) for n in new_names])
+            if [old_names[i] for i in permutation] != list(new_names):
+                raise CannotEdit(f"the permutation {tuple(permutation)} does not take {old_names} to {new_names}")
             if values is not None:
                 values = [values[i] for i in permutation]
         elif len(new_names) != len(old_names) and new_shape is None:

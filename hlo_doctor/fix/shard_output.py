@@ -11,8 +11,9 @@ before the statement (of the enclosing function's own body) that holds the wrapp
 ``CausalLMOutputWithPast``; dim 0 over ``spec[0]``'s axes, ``details["rank"]`` entries) and passes
 it as ``shard_output=`` (replacing the value when the call already has one). The function is
 named ``shard_output`` unless that name is taken in the scope, then ``shard_output_<axes>``.
-Refused: no FSDPv2 call on the line, no spec, and a call that already passes a function of that
-name (applied before).
+A function with the same body defined earlier in the scope (an earlier edit's, for another
+wrapper) is passed instead of a second copy. Refused: no FSDPv2 call on the line, no spec, and a
+call that already passes such a function (applied before).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     xs = imports.module_for("torch_xla.distributed.spmd", "xs")
     quote = source.quote()
     body = f"    {xs}.mark_sharding({output}, mesh, {tuple_code(spec, quote)})\n"
+    reuse = next((s.name.value for s in source.own_statements(scope) if isinstance(s, cst.FunctionDef)
+                  and source.lines(s)[0] < source.lines(anchor)[0]
+                  and cst.Module([]).code_for_node(s.body).strip() == body.strip()), None)
+    if reuse is not None:  # made by an earlier edit (another wrapper) or by the user: pass that one
+        name = reuse
     function = cst.parse_statement(f"def {name}(output, mesh):\n{body}")
     if existing is not None:
         passed = dotted(existing.value)
@@ -78,16 +84,14 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
                           equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                 whitespace_after=cst.SimpleWhitespace("")))
         new_call = call.with_changes(args=[*args, keyword])
-    changes: dict = {anchor: [function, anchor]}
-    if anchor is call:  # pragma: no cover - a call is never a statement
-        raise CannotEdit("the wrapper call is not inside a statement")
-    inner = {call: new_call}
+    if reuse is not None:
+        return {call: new_call}, imports, f"line {line}: shard_output={name} (defined above)"
     # The call sits inside ``anchor``: rebuild the anchor with the call replaced, then put the
     # function before it.
-    rebuilt = anchor.visit(_Swap(inner))
-    changes[anchor] = [function, rebuilt]
-    return changes, imports, (f"line {line}: shard_output={name}, a function marking {output}'s dim 0 "
-                              f"over {axes} defined before line {source.lines(anchor)[0]}")
+    rebuilt = anchor.visit(_Swap({call: new_call}))
+    return {anchor: [function, rebuilt]}, imports, (
+        f"line {line}: shard_output={name}, a function marking {output}'s dim 0 over {axes} defined "
+        f"before line {source.lines(anchor)[0]}")
 
 
 class _Swap(cst.CSTTransformer):

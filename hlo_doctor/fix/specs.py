@@ -22,6 +22,8 @@ Spec = tuple[DimAxes, ...]
 
 
 def _string(value: str, quote: str) -> str:
+    if "\\" in value and quote not in value and not value.endswith("\\") and "\n" not in value:
+        return "r" + quote + value + quote  # a regex reads best raw: r"block_\d+/kernel"
     return quote + value.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
 
 

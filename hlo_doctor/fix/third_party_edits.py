@@ -40,36 +40,40 @@ def _is_rules(node: cst.BaseExpression) -> bool:
         and (pair[1] is None or isinstance(pair[1], (str, tuple))) for pair in value)
 
 
-def _rules_literal(source: Source, line: int) -> cst.BaseExpression:
+def _rules_literals(source: Source, line: int) -> list[cst.BaseExpression]:
+    """The rules literal(s) the line writes or uses: one on the line itself, else the literals the
+    names it uses are bound to (through names and both branches of ``A if cond else B``)."""
     on_line = [n for n in source.nodes_on(line, (cst.List, cst.Tuple)) if _is_rules(n)]
     outer = [n for n in on_line if not any(a in on_line for a in source.ancestors(n))]
     if len(outer) > 1:
         raise CannotEdit(f"line {line} writes {len(outer)} rule lists: which one is meant is ambiguous")
     if outer:
-        return outer[0]
+        return outer
     statement = source.statement_at(line)
-    names = {n.value for part in source.header_parts(statement) for n in source.walk(part)
-             if isinstance(n, cst.Name)}
+    names = sorted({n.value for part in source.header_parts(statement) for n in source.walk(part)
+                    if isinstance(n, cst.Name)})
     found: list[cst.BaseExpression] = []
-    for name in sorted(names):
-        for _ in range(3):
-            bindings = source.resolve(statement, name)
-            if len(bindings) != 1:
-                break
-            value = bindings[0].value
-            if _is_rules(value):
-                found.append(value)
-                break
-            if isinstance(value, cst.IfExp):
-                raise CannotEdit(f"the rules {name} are chosen at run time ({_code(value)}): point the edit at the "
-                                 "rules literal")
-            if not isinstance(value, cst.Name):
-                break
-            name = value.value
-    if len(found) != 1:
-        raise CannotEdit(f"line {line} uses no literal logical axis rules" if not found else
-                         f"line {line} uses {len(found)} rule lists: which one is meant is ambiguous")
-    return found[0]
+    for name in names:
+        found.extend(_follow(source, statement, cst.Name(name), 4))
+    unique = list({id(n): n for n in found}.values())
+    if not unique:
+        raise CannotEdit(f"line {line} uses no literal logical axis rules")
+    return unique
+
+
+def _follow(source: Source, at: cst.CSTNode, value: cst.BaseExpression, depth: int) -> list[cst.BaseExpression]:
+    if depth == 0:
+        return []
+    if _is_rules(value):
+        return [value]
+    if isinstance(value, cst.IfExp):
+        return _follow(source, at, value.body, depth - 1) + _follow(source, at, value.orelse, depth - 1)
+    if isinstance(value, cst.Name):
+        bindings = source.resolve(at, value.value)
+        if len({id(b.value) for b in bindings}) > 1 and not all(_is_rules(b.value) for b in bindings):
+            return []
+        return [v for b in bindings for v in _follow(source, b.statement, b.value, depth - 1)]
+    return []
 
 
 def _axes_of(value: object) -> set[str]:
@@ -79,20 +83,35 @@ def _axes_of(value: object) -> set[str]:
 
 
 def logical_rule(source: Source, edit: SourceEdit, line: int) -> tuple[dict, None, str]:
+    """Every rules literal the line may use is made to say so (a literal that already does is left
+    alone); refused when all already do."""
     logical = edit.details.get("logical")
     if not isinstance(logical, str):
         raise CannotEdit("the edit names no logical axis")
+    changes: dict = {}
+    descriptions = []
+    for node in _rules_literals(source, line):
+        change = _rule_change(source, node, edit, logical)
+        if change is not None:
+            changes[node] = change[0]
+            descriptions.append(f"line {source.lines(node)[0]}: {change[1]}")
+    if not changes:
+        raise CannotEdit(f"the rules already map {logical!r} to {edit.details.get('mesh_axes')!r} ahead of the "
+                         "rules that compete for its mesh axes (already applied?)")
+    return changes, None, "; ".join(descriptions)
+
+
+def _rule_change(source: Source, node: cst.BaseExpression, edit: SourceEdit, logical: str
+                 ) -> tuple[cst.CSTNode, str] | None:
     mesh_axes = edit.details.get("mesh_axes")
     if isinstance(mesh_axes, (list, tuple)):
         mesh_axes = tuple(mesh_axes) if len(mesh_axes) != 1 else mesh_axes[0]
-    node = _rules_literal(source, line)
     assert isinstance(node, (cst.List, cst.Tuple))
     rules = literal(node)
     assert isinstance(rules, tuple)
     quote = source.quote()
     value_code = "None" if mesh_axes is None else axes_code(mesh_axes if isinstance(mesh_axes, tuple) else (
         mesh_axes,), quote)
-    new_value = cst.parse_expression(value_code)
     elements = list(node.elements)
     index = next((i for i, pair in enumerate(rules) if pair[0] == logical), None)
     wanted = _axes_of(mesh_axes)
@@ -101,25 +120,30 @@ def logical_rule(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Non
         sep = elements[0].comma if len(elements) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         commas = [e.comma for e in elements]
         commas = [*commas[:-1], sep, commas[-1]]
-        new_elements = [cst.Element(value=v, comma=c) for v, c in zip([pair, *(e.value for e in elements)], commas, strict=True)]
-        description = f"rule ({logical!r}, {mesh_axes!r}) added first"
-        return {node: node.with_changes(elements=new_elements)}, None, f"line {source.lines(node)[0]}: {description}"
+        new_elements = [cst.Element(value=v, comma=c)
+                        for v, c in zip([pair, *(e.value for e in elements)], commas, strict=True)]
+        return node.with_changes(elements=new_elements), f"rule ({logical!r}, {mesh_axes!r}) added first"
     entry = elements[index].value
     changed_value = _axes_of(rules[index][1]) != wanted or (rules[index][1] is None) != (mesh_axes is None)
     if changed_value:
         assert isinstance(entry, cst.Tuple)
-        entry = entry.with_changes(elements=[entry.elements[0], entry.elements[1].with_changes(value=new_value)])
-    blocker = next((i for i in range(index) if _axes_of(rules[i][1]) & wanted), None)
+        entry = entry.with_changes(elements=[entry.elements[0], entry.elements[1].with_changes(
+            value=cst.parse_expression(value_code))])
+    before = edit.details.get("before")
+    if before:
+        names = {before} if isinstance(before, str) else set(before)
+        blocker = next((i for i in range(index) if rules[i][0] in names), None)
+    else:
+        blocker = next((i for i in range(index) if _axes_of(rules[i][1]) & wanted), None)
     if not changed_value and blocker is None:
-        raise CannotEdit(f"the rules already map {logical!r} to {mesh_axes!r} first (already applied?)")
+        return None
     values = [e.value for e in elements]
     values[index] = entry
     if blocker is not None:
         values.insert(blocker, values.pop(index))
     new_elements = [e.with_changes(value=v) for e, v in zip(elements, values, strict=True)]
     moved = f", moved before {rules[blocker][0]!r}" if blocker is not None else ""
-    return ({node: node.with_changes(elements=new_elements)}, None,
-            f"line {source.lines(node)[0]}: rule ({logical!r}, {mesh_axes!r}){moved}")
+    return node.with_changes(elements=new_elements), f"rule ({logical!r}, {mesh_axes!r}){moved}"
 
 
 # -- layout-map-key -----------------------------------------------------------------------------
@@ -141,22 +165,12 @@ def layout_map_key(source: Source, edit: SourceEdit, line: int) -> tuple[dict, N
     spec = normalize(tuple(spec)) if not isinstance(spec, str) else normalize((spec,))
     if spec is None:
         raise CannotEdit("the edit's spec is not a tuple of mesh axes")
-    calls = source.calls_on(line, "LayoutMap")
-    if len(calls) != 1:
-        raise CannotEdit(f"line {line} makes no LayoutMap" if not calls else f"line {line} makes several LayoutMaps")
-    statement = source.simple_statement_of(calls[0])
-    variable = None
-    if isinstance(statement, cst.SimpleStatementLine):
-        for small in statement.body:
-            if isinstance(small, cst.Assign) and small.value is calls[0] and len(small.targets) == 1:
-                variable = dotted(small.targets[0].target)
-    if variable is None:
-        raise CannotEdit(f"the LayoutMap on line {line} is not assigned to a variable")
+    statement, variable = _layout_map_at(source, line)
     parent = source.parent(statement)
     body = list(getattr(parent, "body", ()))
     start = next(i for i, s in enumerate(body) if s is statement)
     last = statement
-    for candidate in body[start + 1:]:
+    for candidate in body[start:]:
         assigns = _assigns_into(source, candidate, variable)
         for assign in assigns:
             index = assign.targets[0].target
@@ -171,6 +185,33 @@ def layout_map_key(source: Source, edit: SourceEdit, line: int) -> tuple[dict, N
     code = f"{variable}[{axes_code(key, quote)}] = {tuple_code(spec, quote)}"
     new = cst.parse_statement(code + "\n")
     return {last: [last, new]}, None, f"after line {source.lines(last)[1]}: {code}"
+
+
+def _layout_map_at(source: Source, line: int) -> tuple[cst.CSTNode, str]:
+    """The statement on ``line`` that makes a LayoutMap (or assigns a key into one) and the map's variable."""
+    calls = source.calls_on(line, "LayoutMap")
+    if len(calls) > 1:
+        raise CannotEdit(f"line {line} makes several LayoutMaps")
+    if calls:
+        statement = source.simple_statement_of(calls[0])
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Assign) and small.value is calls[0] and len(small.targets) == 1:
+                    variable = dotted(small.targets[0].target)
+                    if variable is not None:
+                        return statement, variable
+        raise CannotEdit(f"the LayoutMap on line {line} is not assigned to a variable")
+    statement = source.statement_at(line)
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Subscript):
+                variable = dotted(small.targets[0].target.value)
+                bindings = source.resolve(statement, variable) if variable else []
+                if variable and bindings and all(
+                        isinstance(b.value, cst.Call) and (dotted(b.value.func) or "").endswith("LayoutMap")
+                        for b in bindings):
+                    return statement, variable
+    raise CannotEdit(f"line {line} makes no LayoutMap (nor sets a key of one)")
 
 
 # -- with-partitioning --------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""The patch ``plan_fixes`` writes for every bad fixture whose findings carry edits, against a
+checked-in snapshot (``tests/snapshots/fix/<family>-<variant>.diff``).
+
+Each snapshot is the unified diff of the gallery program(s), paths relative to the checkout,
+after ``#`` lines naming the findings whose edit was refused and why (``git apply`` and ``patch``
+skip them). The fixtures record absolute paths of the machine that made them; ``path_map`` reads
+the programs from this checkout instead. Every patched program must still parse.
+
+Regenerate on purpose with ``python -m pytest tests/test_fix_snapshots.py --update-snapshots``
+and review each diff by eye: minimal, and what a user would paste.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.fix import FixPlan, plan_fixes
+from hlo_doctor.testing import builtin_rule_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+SNAPSHOTS = ROOT / "tests" / "snapshots" / "fix"
+MARK = "/hlo_doctor/examples/programs/"
+BAD = sorted(p.parent for p in FIXTURES.glob("*/*-bad/hlo_doctor_run.json"))
+
+
+def gallery_path_map(*paths: str | None) -> dict[str, str]:
+    """Each recorded gallery path's checkout prefix -> this checkout."""
+    return {path[: path.index(MARK)]: str(ROOT) for path in paths if path and MARK in path}
+
+
+@functools.cache
+def fix_plan(folder: Path) -> tuple[FixPlan | None, str]:
+    report = analyze_dump(folder, select=builtin_rule_ids())
+    findings = report.findings
+    if not any(f.suggestion is not None and f.suggestion.edits for f in findings):
+        return None, ""
+    recorded = [report.program] + [f.source.file for f in findings if f.source] + [
+        e.file for f in findings if f.suggestion for e in f.suggestion.edits]
+    plan = plan_fixes(findings, program=report.program, path_map=gallery_path_map(*recorded))
+    lines = []
+    for refusal in plan.refused:
+        source = refusal.finding.source
+        where = f" at {Path(source.file).name}:{source.line}" if source else ""
+        lines.append(f"# refused: {refusal.finding.rule}{where}: {refusal.reason}\n")
+    return plan, "".join(dict.fromkeys(lines)) + plan.diff(relative_to=str(ROOT))
+
+
+CASES = [folder for folder in BAD if fix_plan(folder)[0] is not None]
+
+
+@pytest.mark.parametrize("folder", CASES, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_fix_diff_matches_snapshot(folder: Path, request: pytest.FixtureRequest) -> None:
+    plan, produced = fix_plan(folder)
+    assert plan is not None
+    for path, text in plan.patched.items():
+        ast.parse(text, filename=path)
+    snapshot = SNAPSHOTS / f"{folder.parent.name}-{folder.name}.diff"
+    if request.config.getoption("--update-snapshots"):
+        snapshot.write_text(produced)
+        return
+    assert snapshot.is_file(), f"no snapshot {snapshot.name}: run with --update-snapshots"
+    assert produced == snapshot.read_text()
+
+
+def test_every_snapshot_has_its_fixture() -> None:
+    names = {f"{folder.parent.name}-{folder.name}.diff" for folder in CASES}
+    stale = sorted(p.name for p in SNAPSHOTS.glob("*.diff") if p.name not in names)
+    assert not stale, f"snapshots without a bad fixture whose findings carry edits: {stale}"
