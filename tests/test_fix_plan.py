@@ -117,3 +117,9 @@ def test_xla_flag_edit_reads_the_runners_program():
                         sources={PATH: program})
     assert not result.refused
     assert result.patched[PATH].splitlines()[1] == 'os.environ["XLA_FLAGS"] = ""'
+
+
+def test_an_installed_librarys_file_is_never_edited():
+    path = "/usr/lib/python3/site-packages/keras_hub/models/gemma/gemma_decoder_block.py"
+    result = plan_fixes([finding(A, line=7, path=path)], sources={path: PROGRAM})
+    assert "an installed library's file" in result.refused[0].reason and not result.patched
