@@ -184,3 +184,11 @@ def test_respec_twice_is_a_refusal():
     edit = SourceEdit("respec", "jax", target="w", old_spec=(), spec=(None, ("fsdp",)))
     once = patched(RESPEC, edit, line=3)
     assert "already writes" in refused(once, edit, line=3)
+
+
+def test_a_parenthesized_import_keeps_one_name_a_line():
+    program = ("import jax\nfrom jax.sharding import (\n    Mesh,\n    NamedSharding,\n)\n\n"
+               "mesh = Mesh(devs, ('d',))\nh = f(x)\n")
+    out = patched(program, SourceEdit("constrain", "jax", target="h", spec=(("d",), None)), line=8)
+    assert out.startswith("import jax\nfrom jax.sharding import (\n    Mesh,\n    NamedSharding,\n"
+                          "    PartitionSpec as P,\n)\n")

@@ -91,3 +91,35 @@ def test_path_map_by_file_and_by_longest_folder():
 def test_unreadable_program_is_a_refusal():
     result = plan_fixes([finding(A, line=7, path="/no/such/file.py")])
     assert result.refused[0].reason.startswith("cannot read /no/such/file.py")
+
+
+def test_write_changes_only_the_patched_files(tmp_path):
+    program = tmp_path / "train.py"
+    program.write_text(PROGRAM)
+    untouched = tmp_path / "other.py"
+    untouched.write_text(PROGRAM)
+    result = plan_fixes([finding(A, line=7, path=str(program)), finding(A, line=4, path=str(untouched))])
+    assert result.changed == [str(program)] and len(result.refused) == 1
+    assert result.write() == [str(program)]
+    assert program.read_text() == result.patched[str(program)] != PROGRAM
+    assert untouched.read_text() == PROGRAM
+
+
+def test_a_program_that_does_not_parse_is_a_refusal():
+    result = plan("def f(:\n", finding(A, line=1))
+    assert result.refused[0].reason.startswith(f"{PATH} does not parse")
+
+
+def test_xla_flag_edit_reads_the_runners_program():
+    edit = SourceEdit("xla-flag", "jax", details={"flag": "--xla_gpu_enable_latency_hiding_scheduler"})
+    program = 'import os\nos.environ["XLA_FLAGS"] = "--xla_gpu_enable_latency_hiding_scheduler=false"\n'
+    result = plan_fixes([finding(edit, line=3, path="/elsewhere/llama_model.py")], program=PATH,
+                        sources={PATH: program})
+    assert not result.refused
+    assert result.patched[PATH].splitlines()[1] == 'os.environ["XLA_FLAGS"] = ""'
+
+
+def test_an_installed_librarys_file_is_never_edited():
+    path = "/usr/lib/python3/site-packages/keras_hub/models/gemma/gemma_decoder_block.py"
+    result = plan_fixes([finding(A, line=7, path=path)], sources={path: PROGRAM})
+    assert "an installed library's file" in result.refused[0].reason and not result.patched

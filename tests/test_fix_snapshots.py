@@ -72,3 +72,16 @@ def test_every_snapshot_has_its_fixture() -> None:
     names = {f"{folder.parent.name}-{folder.name}.diff" for folder in CASES}
     stale = sorted(p.name for p in SNAPSHOTS.glob("*.diff") if p.name not in names)
     assert not stale, f"snapshots without a bad fixture whose findings carry edits: {stale}"
+
+
+@pytest.mark.parametrize("folder", CASES, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_fixing_the_fixed_program_changes_nothing(folder: Path) -> None:
+    """The same findings planned on the patched program: every edit is refused, nothing changes."""
+    plan, _ = fix_plan(folder)
+    assert plan is not None
+    report = analyze_dump(folder, select=builtin_rule_ids())
+    recorded = [report.program] + [f.source.file for f in report.findings if f.source] + [
+        e.file for f in report.findings if f.suggestion for e in f.suggestion.edits]
+    again = plan_fixes(report.findings, program=report.program, path_map=gallery_path_map(*recorded),
+                       sources=plan.patched)
+    assert again.changed == [], [a.description for a in again.applied]

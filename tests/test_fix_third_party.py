@@ -112,8 +112,9 @@ def test_with_partitioning_wraps_the_initializer():
 
 def test_with_partitioning_default_initializer_and_param():
     out = patched(NNX, SourceEdit("with-partitioning", "jax", spec=(("fsdp",), None)), line=8)
-    assert ('self.out = nnx.Linear(256, 2048, rngs=rngs, '
-            'kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("fsdp", None)))') in out
+    assert ('        self.out = nnx.Linear(256, 2048, rngs=rngs,\n'  # too long for one line: wrapped
+            '                              kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), '
+            '("fsdp", None)))\n') in out
     out = patched(NNX, SourceEdit("with-partitioning", "jax", spec=(("fsdp",), None)), line=9)
     assert 'self.w = nnx.Param(nnx.with_partitioning(init, ("fsdp", None))(rngs.params(), (4, 4)))' in out
 

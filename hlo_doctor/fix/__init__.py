@@ -52,6 +52,19 @@ class FixPlan:
 
         return diff(self, relative_to)
 
+    @property
+    def changed(self) -> list[str]:
+        """The files whose patched text differs from the original, sorted."""
+        return sorted(path for path, text in self.patched.items() if self.originals.get(path) != text)
+
+    def write(self) -> list[str]:
+        """Write every changed file in place (``hlo-doctor fix --write``); the paths written."""
+        from pathlib import Path
+
+        for path in self.changed:
+            Path(path).write_text(self.patched[path], encoding="utf-8")
+        return self.changed
+
 
 def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
                select: Collection[str] = (), path_map: Mapping[str, str] | None = None,

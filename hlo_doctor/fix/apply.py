@@ -154,6 +154,9 @@ def _plan_one(plan: FixPlan, finding: Finding, edit: SourceEdit, program: str | 
     if recorded is None:
         return Refusal(finding, "the finding names no file of the program to edit")
     path = resolve_path(recorded, path_map)
+    if {"site-packages", "dist-packages"} & set(Path(path).parts):
+        return Refusal(finding, f"{path} is an installed library's file, not the program's: "
+                                "the fix belongs in the code that calls it")
     key = _edit_key(edit, path, line or 0)
     if key in done:
         first = done[key]

@@ -205,6 +205,8 @@ def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports,
     target = edit.target
     if target is None or not _uses(statement, target):
         raise CannotEdit(f"line {line} does not use {target}")
+    if _already(statement, target, edit.spec):
+        raise CannotEdit(f"line {line} already constrains {target} to that (already applied?)")
     if not isinstance(statement, cst.SimpleStatementLine) and source.lines(statement)[0] != line:
         raise CannotEdit(f"line {line} is inside a compound statement's header")
     previous = _previous_statement(source, statement)

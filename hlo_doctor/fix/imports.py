@@ -126,7 +126,12 @@ class Imports:
             names = list(statement.names) if not isinstance(statement.names, cst.ImportStar) else []
             if isinstance(names[-1].comma, cst.MaybeSentinel):
                 names[-1] = names[-1].with_changes(comma=comma)
-            new = [a.with_changes(comma=comma) for a in aliases[:-1]] + [aliases[-1]]
+                new = [a.with_changes(comma=comma) for a in aliases[:-1]] + [aliases[-1]]
+            else:  # a trailing comma (one name a line, in parentheses): the new names follow that layout
+                sep = names[-2].comma if len(names) > 1 else comma
+                trailing = names[-1].comma
+                names[-1] = names[-1].with_changes(comma=sep)
+                new = [a.with_changes(comma=sep) for a in aliases[:-1]] + [aliases[-1].with_changes(comma=trailing)]
             changes[statement] = statement.with_changes(names=[*names, *new])
         if self._lines():
             statements = [cst.parse_statement(line + "\n") for line in self._lines()]

@@ -301,3 +301,35 @@ class Source:
 
 def is_mesh_construction(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Call) and (dotted(node.func) or "").rsplit(".", 1)[-1] in MESH_CONSTRUCTORS
+
+
+LINE_LIMIT = 110
+"""An argument an edit adds or lengthens goes on a line of its own when the call's line would
+pass this many characters (aligned under the call's first argument)."""
+
+
+def fit_argument(source: Source, call: cst.Call, new_call: cst.Call, index: int) -> cst.Call:
+    """``new_call`` (``call`` with argument ``index`` added or changed), with that argument moved to
+    a new line under the first argument when the line it is on would be too long."""
+    if index == 0 or not call.args:
+        return new_call
+    position = source.positions[call]
+    lines = source.text.splitlines()
+    end_line = lines[position.end.line - 1] if position.end.line <= len(lines) else ""
+    suffix = len(end_line) - position.end.column
+    code = cst.Module([]).code_for_node(new_call).splitlines()
+    last = (position.start.column + len(code[0])) if len(code) == 1 else len(code[-1])
+    if last + suffix <= LINE_LIMIT:
+        return new_call
+    first = source.positions[call.args[0]].start
+    column = first.column if first.line == position.start.line else None
+    if column is None:
+        return new_call
+    previous = new_call.args[index - 1]
+    comma = previous.comma if isinstance(previous.comma, cst.Comma) else cst.Comma()
+    wrapped = comma.with_changes(whitespace_after=cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(), empty_lines=[], indent=False,
+        last_line=cst.SimpleWhitespace(" " * column)))
+    args = list(new_call.args)
+    args[index - 1] = previous.with_changes(comma=wrapped)
+    return new_call.with_changes(args=args)

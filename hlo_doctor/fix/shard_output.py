@@ -22,7 +22,7 @@ import libcst as cst
 
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.fix.imports import Imports
-from hlo_doctor.fix.locate import CannotEdit, Source, dotted
+from hlo_doctor.fix.locate import CannotEdit, Source, dotted, fit_argument
 from hlo_doctor.fix.specs import tuple_code
 
 __all__ = ["shard_output"]
@@ -76,6 +76,7 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     if existing is not None:
         new_call = call.with_changes(args=[a.with_changes(value=cst.Name(name)) if a is existing else a
                                            for a in call.args])
+        new_call = fit_argument(source, call, new_call, list(call.args).index(existing))
     else:
         args = list(call.args)
         if args and isinstance(args[-1].comma, cst.MaybeSentinel):
@@ -83,7 +84,7 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
         keyword = cst.Arg(value=cst.Name(name), keyword=cst.Name("shard_output"),
                           equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                 whitespace_after=cst.SimpleWhitespace("")))
-        new_call = call.with_changes(args=[*args, keyword])
+        new_call = fit_argument(source, call, call.with_changes(args=[*args, keyword]), len(args))
     if reuse is not None:
         return {call: new_call}, imports, f"line {line}: shard_output={name} (defined above)"
     # The call sits inside ``anchor``: rebuild the anchor with the call replaced, then put the

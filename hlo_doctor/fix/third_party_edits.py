@@ -24,7 +24,7 @@ import libcst as cst
 
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.fix.imports import Imports
-from hlo_doctor.fix.locate import CannotEdit, Source, dotted, literal
+from hlo_doctor.fix.locate import CannotEdit, Source, dotted, fit_argument, literal
 from hlo_doctor.fix.specs import axes_code, normalize, tuple_code
 
 __all__ = ["layout_map_key", "logical_rule", "with_partitioning"]
@@ -254,6 +254,7 @@ def with_partitioning(source: Source, edit: SourceEdit, line: int) -> tuple[dict
             raise CannotEdit(f"{keyword} on line {line} is already wrapped in with_partitioning (already applied?)")
         value = cst.parse_expression(f"{nnx}.with_partitioning({_code(existing.value)}, {spec})")
         new_call = call.with_changes(args=[a.with_changes(value=value) if a is existing else a for a in call.args])
+        new_call = fit_argument(source, call, new_call, list(call.args).index(existing))
     else:
         default = (f'{nnx}.initializers.variance_scaling(1.0, {quote}fan_in{quote}, {quote}normal{quote}, out_axis=0)'
                    if kind == "Embed" else f"{nnx}.initializers.lecun_normal()")
@@ -264,5 +265,5 @@ def with_partitioning(source: Source, edit: SourceEdit, line: int) -> tuple[dict
         args.append(cst.Arg(value=value, keyword=cst.Name(keyword),
                             equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                   whitespace_after=cst.SimpleWhitespace(""))))
-        new_call = call.with_changes(args=args)
+        new_call = fit_argument(source, call, call.with_changes(args=args), len(args) - 1)
     return {call: new_call}, imports, f"line {line}: {keyword} wrapped in nnx.with_partitioning(..., {spec})"
