@@ -72,11 +72,6 @@ def _path_map(pairs: tuple[str, ...], findings, program: str | None) -> dict[str
     return mapping
 
 
-def changed_files(plan) -> list[str]:  # noqa: ANN001
-    """The files whose text the plan changes (it also holds files it read and left as they were)."""
-    return [path for path, text in plan.patched.items() if text != plan.originals.get(path)]
-
-
 def _known_rules(select: list[str], registry) -> list[str]:  # noqa: ANN001
     unknown = [rule_id for rule_id in select if rule_id not in registry.ids()]
     if unknown:
@@ -148,7 +143,7 @@ def _fix_dump(dump, analysis, select, write, output_format, path_pairs) -> None:
     report = run_analysis(dump, analysis["config"], analysis["verbose"], analysis["registry"], analysis["jobs"])
     path_map = _path_map(path_pairs, report.findings, report.program)
     plan = _plan(report.findings, report.program, select, path_map)
-    changed = changed_files(plan)
+    changed = plan.changed  # it also holds files it read and left as they were
     written: tuple[str, ...] = ()
     if write:
         for path in changed:

@@ -54,7 +54,7 @@ def _refusal_dict(refusal: Any) -> dict[str, Any]:
 
 
 def _diff(plan: Any) -> str:
-    return plan.diff() if plan.patched else ""
+    return plan.diff() if plan.changed else ""
 
 
 def plan_to_dict(plan: Any, *, dump: str, written: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def plan_to_dict(plan: Any, *, dump: str, written: tuple[str, ...] = ()) -> dict
         "tool": {"name": "hlo-doctor", "version": __version__},
         "dump": dump,
         "diff": _diff(plan),
-        "files": sorted(p for p, text in plan.patched.items() if text != plan.originals.get(p)),
+        "files": plan.changed,
         "written": list(written),
         "edits": [_edit_dict(e) for e in plan.applied],
         "refused": [_refusal_dict(r) for r in plan.refused],

@@ -221,7 +221,7 @@ def verify_fix(
         result.targeted = tuple(o for o in outcomes if any(o.finding is t for t in targets))
         result.new = new
         if write and result.ok:
-            changed = [p for p, text in plan.patched.items() if text != plan.originals.get(p)]
+            changed = plan.changed
             for path in changed:
                 write_atomically(Path(path), plan.patched[path])
             result.written = tuple(changed)
