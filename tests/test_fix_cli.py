@@ -52,6 +52,8 @@ def program_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (("fix", str(SEED_BAD), "-o", "fixed.py"), "-o needs --verify"),
         (("fix", str(SEED_BAD), "--path-map", "no-equals-sign"), "--path-map takes RECORDED=LOCAL"),
         (("fix", "--verify"), "--verify runs a script"),
+        (("fix", str(SEED_BAD), "--bogus"), "no such option: --bogus"),
+        (("fix", "--verify", "--bogus", "--", "python", str(PROGRAM)), "no such option: --bogus"),
         (("fix", "--verify", "--", sys.executable, "/no/such/script.py"), "no such script"),
         (("fix", "--verify", "--devices", "4", "--target", "h100:1x8", "--", "python", str(PROGRAM)),
          "drop --devices"),

@@ -124,7 +124,10 @@ def fix_command(write, select, output_format, verify, command, **options):
     chosen = tuple(_known_rules(ids(select), registry))
     analysis = {"config": config, "verbose": options["verbose"], "registry": registry, "jobs": options["jobs"]}
     if not verify:
-        if len(command) != 1 or command[0].startswith("-"):
+        unknown = next((part for part in command if part.startswith("-")), None)
+        if unknown is not None:
+            raise InputError(f"no such option: {unknown}")
+        if len(command) != 1:
             raise InputError("give one DUMP (or --verify -- python SCRIPT [ARGS])")
         for name, key in (("-o", "output"), ("--devices", "devices"), ("--target", "target"),
                           ("--dump-dir", "dump_dir")):
@@ -136,6 +139,8 @@ def fix_command(write, select, output_format, verify, command, **options):
         raise InputError("--path-map is for a DUMP made elsewhere; --verify runs the script here")
     if not command:
         raise InputError("--verify runs a script: hlo-doctor fix --verify [OPTIONS] -- python SCRIPT [ARGS]")
+    if command[0].startswith("-"):
+        raise InputError(f"no such option: {command[0]}")
     _fix_verify(command, analysis, chosen, write, output_format, options)
 
 
