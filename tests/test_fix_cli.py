@@ -149,6 +149,7 @@ def test_fix_json_document(program_copy: Path) -> None:
     assert document["files"] == [str(program_copy)] and document["written"] == []
     (edit,) = document["edits"]
     assert edit["rule"] == "non-batch-dim-sharding" and edit["kind"] == "constrain" and edit["line"] == 49
+    assert edit["file"] == str(program_copy)
     assert f"+        {CONSTRAINT}\n" in document["diff"]
     assert document["refused"] == []
 

@@ -42,10 +42,13 @@ def _here(finding: Finding) -> str:
 
 
 def _edit_dict(planned: Any) -> dict[str, Any]:
-    edit = planned.edit
+    edit, source = planned.edit, planned.finding.source
+    # an edit with no file/line of its own is at the finding's own line (SourceEdit's docs)
+    file = edit.file or (source.file if source is not None and edit.kind != "xla-flag" else None)
+    line = edit.line or (source.line if source is not None and edit.kind != "xla-flag" and not edit.file else None)
     return {"rule": planned.finding.rule, "fingerprint": planned.finding.fingerprint,
             "where": _where(planned.finding), "description": planned.description,
-            "kind": edit.kind, "file": edit.file, "line": edit.line}
+            "kind": edit.kind, "file": file, "line": line}
 
 
 def _refusal_dict(refusal: Any) -> dict[str, Any]:
