@@ -102,14 +102,15 @@ def test_a_finding_without_a_safe_edit_exits_1_with_the_reason(monkeypatch: pyte
     result = run("fix", str(SEED_BAD))
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert ("no safe edit: /work/main/hlo_doctor/examples/programs/fsdp_activation_gather.py:49: "
-            "non-batch-dim-sharding: the fake planner has no edit for it") in result.stderr
+    assert ("fsdp_activation_gather.py:49: non-batch-dim-sharding: the fake planner has no edit for it"
+            in result.stderr)
+    assert result.stderr.startswith("no safe edit: ")
     assert "0 edits in 0 files; 1 finding without a safe edit" in result.stderr
     document = json.loads(run("fix", str(SEED_BAD), "--format", "json").stdout)
-    assert document["refused"] == [{
-        "rule": "non-batch-dim-sharding", "fingerprint": document["refused"][0]["fingerprint"],
-        "where": "/work/main/hlo_doctor/examples/programs/fsdp_activation_gather.py:49",
-        "message": document["refused"][0]["message"], "reason": "the fake planner has no edit for it"}]
+    (refused,) = document["refused"]
+    assert set(refused) == {"rule", "fingerprint", "where", "message", "reason"}
+    assert refused["rule"] == "non-batch-dim-sharding" and refused["where"].endswith("fsdp_activation_gather.py:49")
+    assert refused["reason"] == "the fake planner has no edit for it" and refused["fingerprint"]
 
 
 def test_the_real_library_refuses_a_model_dimension_and_fix_exits_1() -> None:
@@ -163,9 +164,8 @@ def test_select_passes_the_rules_to_the_planner(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(fixlib, "plan_fixes", planner)
     assert run("fix", str(SEED_BAD), "--select", "non-batch-dim-sharding,uneven-sharding-padding").exit_code == 0
-    assert seen == {"program": "/work/main/hlo_doctor/examples/programs/fsdp_activation_gather.py",
-                    "select": ("non-batch-dim-sharding", "uneven-sharding-padding"),
-                    "rules": ["non-batch-dim-sharding"]}
+    assert seen.pop("program").endswith("/hlo_doctor/examples/programs/fsdp_activation_gather.py")
+    assert seen == {"select": ("non-batch-dim-sharding", "uneven-sharding-padding"), "rules": ["non-batch-dim-sharding"]}
 
 
 # -- matching findings across the patch --------------------------------------------------------
