@@ -316,3 +316,13 @@ def test_byte_account_splits_a_training_step_into_prefetchable_gathers_and_criti
     assert account.prefetchable == account.by_role["weight-gather"]
     assert account.critical == account.by_role["gradient-reduce"] + account.by_role["scalar-reduce"]
     assert {c.role for c in account.overlappable_gathers} == {"weight-gather"}
+
+
+def test_critical_path_reads_the_async_collectives_of_a_scheduled_gpu_dump() -> None:
+    # compiled for 2 hosts x 8 A100s: the gathers are all-gather-start/done pairs in the scheduled HLO
+    bad, fixed = (FIXTURES / "fsdp-activation-gather" / f"jax-a100_2x8-{v}" for v in ("bad", "fixed"))
+    data = json.loads(run("diff", str(bad), str(fixed), "--format", "json").stdout)
+    assert data["critical_path_bytes_per_device"]["before"] == data["bytes_per_device"]["before"] == 5734400
+    assert data["critical_path_bytes_per_device"]["after"] == 0
+    assert data["bytes_per_device_by_role"]["weight-gather"] == {"before": 0, "after": 5406720}
+    assert run("diff", str(bad), str(fixed), "--max-comm-increase", "0", "--critical-path").exit_code == 0
