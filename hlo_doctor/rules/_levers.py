@@ -57,6 +57,8 @@ class Lever:
     edits: tuple[SourceEdit, ...]
     line: tuple[str, int] | None = None
     """the user's line the fix goes at, for a finding whose op carries no line of the user's code"""
+    then: bool = False
+    """keep the rule's own summary after this one (what the fix saves and costs)"""
 
 
 def _calls(tree: ast.AST, line: int) -> list[ast.Call]:
@@ -263,7 +265,8 @@ def nnx_partitioning(source_file: str | None, path: str, dims: Sequence[DimAxes]
                       line=node.lineno, details={"argument": argument})
     code = f"{argument}=nnx.with_partitioning(nnx.initializers.lecun_normal(), {spec})"
     summary = (f"Give {layer} partitioning metadata where line {node.lineno} makes it: {argument}=nnx.with_partitioning"
-               f"(..., {spec}), so nnx.get_partition_spec shards its {leaf} like the other weights")
+               f"(..., {spec}), so nnx.get_partition_spec shards its {leaf} like the other weights: each device holds its "
+               "shard, and the partitioner gathers it where it is used (a weight gather, which can be prefetched)")
     return Lever(summary, code, (edit,))
 
 
@@ -310,7 +313,7 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
     summary = (f"Mark {', '.join(names)} over {torch_spec(dims[:1])[1:-2]} before the model is called at line {where[1]}"
                + (" and give each FSDPv2 wrapper a shard_output over the same axes (its default splits the output "
                   "over 'fsdp' alone)" if wrappers else ""))
-    return Lever(summary, "\n".join(lines), tuple(dict.fromkeys(edits)), where)
+    return Lever(summary, "\n".join(lines), tuple(dict.fromkeys(edits)), where, then=True)
 
 
 def _constructions(tree: ast.Module, class_name: str) -> list[int]:
@@ -347,8 +350,8 @@ def with_lever(finding: Any, lever: Lever | None, framework: str | None) -> Any:
     code = {"jax": finding.suggestion.jax, "torch_xla": finding.suggestion.torch_xla}
     if framework in code:
         code[framework] = lever.code
-    suggestion = dataclasses.replace(finding.suggestion, summary=lever.summary + ".", edits=lever.edits,
-                                     no_edit=None, **code)
+    summary = lever.summary + "." + (f" {finding.suggestion.summary}" if lever.then else "")
+    suggestion = dataclasses.replace(finding.suggestion, summary=summary, edits=lever.edits, no_edit=None, **code)
     source, message = finding.source, finding.message
     if source is None and lever.line is not None:
         source = SourceRef(lever.line[0], lever.line[1])
@@ -400,7 +403,8 @@ def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | 
     edit = SourceEdit("respec", framework, spec=new_spec, old_spec=old_spec, file=source_file, line=site.line)
     summary = (f"Line {line} constrains this value to {site.text}, which splits a feature dim and leaves batch dim "
                f"{batch_dim} whole on every device: write {written} where line {site.line} makes that spec, so the "
-               "value stays batch-sharded like its input")
+               "value stays batch-sharded like its input; the partitioner then gathers the weight instead, which "
+               "does not wait for the layer before and can be prefetched")
     return Lever(summary, code, (edit,))
 
 
