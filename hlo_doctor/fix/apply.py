@@ -219,7 +219,8 @@ def diff(plan: FixPlan, relative_to: str | None = None) -> str:
             shown = resolved.relative_to(base).as_posix()
         except ValueError:
             shown = path.lstrip("/")
-        chunks.append("".join(difflib.unified_diff(
-            before.splitlines(keepends=True), after.splitlines(keepends=True),
-            fromfile=f"a/{shown}", tofile=f"b/{shown}")))
+        for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                         fromfile=f"a/{shown}", tofile=f"b/{shown}"):
+            # a last line without its newline: say so, as diff does, so that patch applies it
+            chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(chunks)
