@@ -98,3 +98,23 @@ def test_nnx_parameters_are_named_by_their_variable_path():
     assert finding.suggestion.jax == "kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, 'fsdp'))"
     (edit,) = finding.suggestion.edits
     assert (edit.kind, edit.line, edit.target, edit.spec) == ("with-partitioning", 56, "unembed/kernel", (None, ("fsdp",)))
+
+
+def test_one_fix_one_finding():
+    """Findings of one rule whose fix is the same edit of the program share their cause: the Flax
+    rules order gives five feature-sharded dots one fix (the rules list), so one finding lists
+    the other four in ``related`` and ``evidence["same_fix"]``."""
+    (finding,) = analyze_dump(FIXTURES / "flax-linen-rules" / "jax-shardy-bad",
+                              select=["non-batch-dim-sharding"]).findings
+    others = [s["instruction"] for s in finding.evidence["same_fix"]]
+    assert sorted(others) == ["dot.13", "dot.3", "dot.5", "dot.7"]
+    assert set(others) <= set(finding.related)
+    (edit,) = finding.suggestion.edits
+    assert edit.kind == "logical-rule" and edit.details["before"] == ("embed",)
+    assert "4 more ops" in finding.message
+
+
+def test_different_lines_with_their_own_constraint_stay_apart():
+    """Two constraints on two lines are two fixes: the seed's bad fixture keeps its own finding per line."""
+    report = analyze_dump(FIXTURES / "fsdp-activation-gather" / "jax-gspmd-bad", select=builtin_rule_ids())
+    assert all("same_fix" not in f.evidence for f in report.findings)
