@@ -140,3 +140,15 @@ def test_diff_of_a_file_without_a_final_newline_applies(tmp_path):
     assert "\\ No newline at end of file\n" in text
     subprocess.run(["patch", "-p1", "-s"], input=text, text=True, cwd=tmp_path, check=True)
     assert program.read_text() == result.patched[str(program)]
+
+
+def test_an_internal_error_is_a_refusal_and_the_other_edits_are_made(monkeypatch):
+    from hlo_doctor.fix import apply
+
+    def broken(source, edit, line):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(apply.HANDLERS, "mesh", broken)
+    result = plan(PROGRAM, finding(SourceEdit("mesh", "jax", details={"shape": (8,)}), line=6), finding(A, line=7))
+    assert result.refused[0].reason.startswith("internal error making the mesh edit (RuntimeError: boom)")
+    assert len(result.applied) == 1 and "with_sharding_constraint(a," in result.patched[PATH]
