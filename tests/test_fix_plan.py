@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.fix import plan_fixes
 from hlo_doctor.fix.apply import resolve_path
@@ -123,3 +125,30 @@ def test_an_installed_librarys_file_is_never_edited():
     path = "/usr/lib/python3/site-packages/keras_hub/models/gemma/gemma_decoder_block.py"
     result = plan_fixes([finding(A, line=7, path=path)], sources={path: PROGRAM})
     assert "an installed library's file" in result.refused[0].reason and not result.patched
+
+
+def test_diff_of_a_file_without_a_final_newline_applies(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("patch") is None:
+        pytest.skip("no patch program")
+    program = tmp_path / "train.py"
+    program.write_text(PROGRAM.rstrip("\n"))
+    result = plan_fixes([finding(B, line=8, path=str(program))])
+    text = result.diff(relative_to=str(tmp_path))
+    assert "\\ No newline at end of file\n" in text
+    subprocess.run(["patch", "-p1", "-s"], input=text, text=True, cwd=tmp_path, check=True)
+    assert program.read_text() == result.patched[str(program)]
+
+
+def test_an_internal_error_is_a_refusal_and_the_other_edits_are_made(monkeypatch):
+    from hlo_doctor.fix import apply
+
+    def broken(source, edit, line):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(apply.HANDLERS, "mesh", broken)
+    result = plan(PROGRAM, finding(SourceEdit("mesh", "jax", details={"shape": (8,)}), line=6), finding(A, line=7))
+    assert result.refused[0].reason.startswith("internal error making the mesh edit (RuntimeError: boom)")
+    assert len(result.applied) == 1 and "with_sharding_constraint(a," in result.patched[PATH]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,18 @@ def test_fix_diff_matches_snapshot(folder: Path, request: pytest.FixtureRequest)
         return
     assert snapshot.is_file(), f"no snapshot {snapshot.name}: run with --update-snapshots"
     assert produced == snapshot.read_text()
+
+
+@pytest.mark.parametrize("folder", CASES, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_the_diff_applies_to_the_checkout(folder: Path, tmp_path: Path) -> None:
+    """Paste-able: ``patch -p1`` takes the diff as printed (a dry run on this checkout)."""
+    if shutil.which("patch") is None:
+        pytest.skip("no patch program")
+    _, produced = fix_plan(folder)
+    if "\n--- a/" not in "\n" + produced:
+        pytest.skip("every edit was refused")
+    subprocess.run(["patch", "-p1", "--dry-run", "-s", "-f"], input=produced, text=True, cwd=ROOT, check=True,
+                   stdout=subprocess.PIPE)
 
 
 def test_every_snapshot_has_its_fixture() -> None:

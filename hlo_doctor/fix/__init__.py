@@ -38,7 +38,14 @@ class Refusal:
 
 @dataclass
 class FixPlan:
-    """The edits for a set of findings: each file's text before and after, what was done and refused."""
+    """The edits for a set of findings: each file's text before and after, what was done and refused.
+
+    ``originals``/``patched``: path read -> text (every file an edit was tried on; unchanged when all
+    its edits were refused). ``applied``: one :class:`PlannedEdit` per finding and edit made (an
+    edit several findings share is made once and listed for each). ``refused``: one
+    :class:`Refusal` per finding without edits and per edit that could not be made; a finding
+    whose suggestion has several edits can be in both lists.
+    """
 
     originals: dict[str, str] = field(default_factory=dict)
     patched: dict[str, str] = field(default_factory=dict)

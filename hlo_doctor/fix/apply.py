@@ -7,7 +7,9 @@ added at the top or a constraint inserted above does not shift it.
 
 Edits that are the same (kind, file, line, target, specs and details) are made once, with
 every finding they answer recorded; a second, different edit of the same kind at the same
-place (line and target) is refused as a conflict with the first.
+place (line and target) is refused as a conflict with the first. Files of installed libraries
+(``site-packages``) are never edited, and an edit that fails unexpectedly is a refusal that says
+so (the other edits are still made), as a crashing rule is an internal-error finding.
 """
 
 from __future__ import annotations
@@ -192,6 +194,9 @@ def _plan_one(plan: FixPlan, finding: Finding, edit: SourceEdit, program: str | 
             cst.parse_module(new_text)  # the edit must leave a program that parses
     except CannotEdit as error:
         return Refusal(finding, str(error))
+    except Exception as error:  # a bug here must not lose the other findings' edits
+        return Refusal(finding, f"internal error making the {edit.kind} edit ({type(error).__name__}: {error}): "
+                                "please report it")
     plan.patched[path] = new_text
     if path in line_maps:
         line_maps[path].update(new_text)
@@ -219,7 +224,8 @@ def diff(plan: FixPlan, relative_to: str | None = None) -> str:
             shown = resolved.relative_to(base).as_posix()
         except ValueError:
             shown = path.lstrip("/")
-        chunks.append("".join(difflib.unified_diff(
-            before.splitlines(keepends=True), after.splitlines(keepends=True),
-            fromfile=f"a/{shown}", tofile=f"b/{shown}")))
+        for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                         fromfile=f"a/{shown}", tofile=f"b/{shown}"):
+            # a last line without its newline: say so, as diff does, so that patch applies it
+            chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(chunks)

@@ -201,6 +201,7 @@ def _rewrite(source: Source, imports: Imports, edit: SourceEdit, call: cst.Call,
 
 
 def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
+    assert edit.spec is not None
     statement = source.statement_at(line)
     target = edit.target
     if target is None or not _uses(statement, target):
@@ -231,6 +232,7 @@ def _names_in(statement: cst.CSTNode) -> list[str]:
 
 
 def _at_function_start(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
+    assert edit.spec is not None
     functions = [n for n in source.walk() if isinstance(n, cst.FunctionDef) and source.lines(n.name)[0] == line]
     if len(functions) != 1 or not isinstance(functions[0].body, cst.IndentedBlock):
         raise CannotEdit(f"line {line} defines no function (with an indented body)")

@@ -42,18 +42,15 @@ _NOT_LITERAL = object()
 def literal(node: cst.BaseExpression) -> object:
     """The Python value of a literal of strings, ints, None and tuples/lists of them, else a sentinel
     (check with :func:`is_literal`)."""
-    if isinstance(node, cst.SimpleString):
-        value = node.evaluated_value
-        return value if isinstance(value, str) else _NOT_LITERAL
-    if isinstance(node, cst.ConcatenatedString):
-        value = node.evaluated_value
-        return value if isinstance(value, str) else _NOT_LITERAL
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+        text = node.evaluated_value
+        return text if isinstance(text, str) else _NOT_LITERAL
     if isinstance(node, cst.Integer):
         return int(node.value, 0)
     if isinstance(node, cst.Name) and node.value in ("None", "True", "False"):
         return {"None": None, "True": True, "False": False}[node.value]
     if isinstance(node, (cst.Tuple, cst.List)):
-        items = []
+        items: list[object] = []
         for element in node.elements:
             if isinstance(element, cst.StarredElement):
                 return _NOT_LITERAL
@@ -82,7 +79,7 @@ class _Replacer(cst.CSTTransformer):
     def __init__(self, replacements: Mapping[int, cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel]):
         self.replacements = replacements
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+    def on_leave(self, original_node, updated_node):
         return self.replacements.get(id(original_node), updated_node)
 
 
@@ -146,7 +143,7 @@ class Source:
     def nodes_on(self, line: int, kind: type | tuple[type, ...]) -> list[cst.CSTNode]:
         """The nodes of ``kind`` written in the statement on ``line``, in source order."""
         statement = self.statement_at(line)
-        found = []
+        found: list[cst.CSTNode] = []
         for part in self.header_parts(statement):
             found.extend(node for node in self.walk(part) if isinstance(node, kind))
         return found
@@ -229,7 +226,7 @@ class Source:
         for scope in self.scopes(node):
             names = sorted({b.name for b in self.bindings(scope) if is_mesh_construction(b.value)})
             if isinstance(scope, cst.FunctionDef):
-                params = [p.name.value for p in scope.params.params + scope.params.kwonly_params]
+                params = [p.name.value for p in (*scope.params.params, *scope.params.kwonly_params)]
                 names += [p for p in params if p == "mesh" and p not in names]
             if len(names) == 1:
                 return names[0]

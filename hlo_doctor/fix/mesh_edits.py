@@ -66,7 +66,9 @@ class _Sizes:
         assert isinstance(node, cst.Call)  # reshape(a, b): positional sizes
         args = [a for a in node.args]
         if len(values) != len(args):
-            return node.with_changes(args=cst.parse_expression(f"f({', '.join(_code(v) for v in values)})").args)
+            parsed = cst.parse_expression(f"f({', '.join(_code(v) for v in values)})")
+            assert isinstance(parsed, cst.Call)
+            return node.with_changes(args=parsed.args)
         return node.with_changes(args=[a.with_changes(value=v) for a, v in zip(args, values, strict=True)])
 
 
@@ -81,7 +83,8 @@ def _reshape_sizes(call: cst.Call) -> _Sizes:
 
 def _devices_sizes(devices: cst.BaseExpression) -> tuple[_Sizes | None, cst.BaseExpression | None, list[int] | None]:
     """For Mesh(devices, names): (the sizes, the transposed expression, its permutation)."""
-    transposed, perm = None, None
+    transposed: cst.BaseExpression | None = None
+    perm: list[int] | None = None
     inner = devices
     if isinstance(devices, cst.Attribute) and devices.attr.value == "T":
         transposed, inner = devices, devices.value
@@ -110,7 +113,7 @@ def _perm(args: Sequence[cst.Arg]) -> list[int] | None:
         return None
     if not all(isinstance(v, int) for v in values):
         raise CannotEdit("the devices' transpose is not literal")
-    return [int(v) for v in values]  # type: ignore[arg-type]
+    return [v for v in values if isinstance(v, int)]
 
 
 def _names(node: cst.BaseExpression | None) -> tuple[str, ...]:
@@ -119,7 +122,7 @@ def _names(node: cst.BaseExpression | None) -> tuple[str, ...]:
         return (value,)
     if not is_literal(value) or not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
         raise CannotEdit("the mesh's axis names are not a literal tuple of strings")
-    return value  # type: ignore[return-value]
+    return tuple(str(v) for v in value)
 
 
 def _names_node(old: cst.BaseExpression, names: Sequence[str], quote: str) -> cst.BaseExpression:
@@ -179,10 +182,12 @@ def mesh(source: Source, edit: SourceEdit, line: int) -> tuple[dict, None, str]:
         values = [values[i] for i in order]
         if isinstance(transposed, cst.Attribute):
             untransposed = transposed.value
-        elif dotted(transposed.func) in _TRANSPOSE_FUNCTIONS:
+        elif isinstance(transposed, cst.Call) and dotted(transposed.func) in _TRANSPOSE_FUNCTIONS:
             untransposed = transposed.args[0].value
-        else:
+        elif isinstance(transposed, cst.Call) and isinstance(transposed.func, cst.Attribute):
             untransposed = transposed.func.value
+        else:  # pragma: no cover - _devices_sizes only finds these three
+            raise CannotEdit("the devices' transpose is not understood")
         inner_sizes = sizes
         assert inner_sizes is not None
         replaced_inner = untransposed.deep_replace(inner_sizes.node, inner_sizes.rebuilt(values))
@@ -234,7 +239,7 @@ def _merge(call: cst.Call, changes: dict) -> dict:
     by_id = {id(k): v for k, v in changes.items()}
 
     class _Swap(cst.CSTTransformer):
-        def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        def on_leave(self, original_node, updated_node):
             return by_id.get(id(original_node), updated_node)
 
     return {call: call.visit(_Swap())}

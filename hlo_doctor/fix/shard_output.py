@@ -99,5 +99,5 @@ class _Swap(cst.CSTTransformer):
     def __init__(self, replacements: dict):
         self.by_id = {id(k): v for k, v in replacements.items()}
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+    def on_leave(self, original_node, updated_node):
         return self.by_id.get(id(original_node), updated_node)

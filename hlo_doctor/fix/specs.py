@@ -147,7 +147,9 @@ def respec(source: Source, line: int, target: str | None, old: Spec | None, new:
                          "which one is meant is ambiguous")
     node, spec, _ = matching[0]
     if isinstance(node, cst.Call):
-        replacement: cst.CSTNode = node.with_changes(args=cst.parse_expression(f"f({entries(new, quote)})").args)
+        parsed = cst.parse_expression(f"f({entries(new, quote)})")
+        assert isinstance(parsed, cst.Call)
+        replacement: cst.CSTNode = node.with_changes(args=parsed.args)
     else:
         replacement = cst.parse_expression(tuple_code(new, quote))
     written = cst.Module([]).code_for_node(replacement)

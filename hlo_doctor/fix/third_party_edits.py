@@ -43,12 +43,13 @@ def _is_rules(node: cst.BaseExpression) -> bool:
 def _rules_literals(source: Source, line: int) -> list[cst.BaseExpression]:
     """The rules literal(s) the line writes or uses: one on the line itself, else the literals the
     names it uses are bound to (through names and both branches of ``A if cond else B``)."""
-    on_line = [n for n in source.nodes_on(line, (cst.List, cst.Tuple)) if _is_rules(n)]
+    on_line = [n for n in source.nodes_on(line, (cst.List, cst.Tuple))
+               if isinstance(n, (cst.List, cst.Tuple)) and _is_rules(n)]
     outer = [n for n in on_line if not any(a in on_line for a in source.ancestors(n))]
     if len(outer) > 1:
         raise CannotEdit(f"line {line} writes {len(outer)} rule lists: which one is meant is ambiguous")
     if outer:
-        return outer
+        return list(outer)
     statement = source.statement_at(line)
     names = sorted({n.value for part in source.header_parts(statement) for n in source.walk(part)
                     if isinstance(n, cst.Name)})
@@ -79,7 +80,9 @@ def _follow(source: Source, at: cst.CSTNode, value: cst.BaseExpression, depth: i
 def _axes_of(value: object) -> set[str]:
     if value is None:
         return set()
-    return {value} if isinstance(value, str) else set(value)  # type: ignore[arg-type]
+    if isinstance(value, str):
+        return {value}
+    return {str(v) for v in value} if isinstance(value, (tuple, list)) else set()
 
 
 def logical_rule(source: Source, edit: SourceEdit, line: int) -> tuple[dict, None, str]:
@@ -141,7 +144,7 @@ def _rule_change(source: Source, node: cst.BaseExpression, edit: SourceEdit, log
     values[index] = entry
     if blocker is not None:
         values.insert(blocker, values.pop(index))
-    new_elements = [e.with_changes(value=v) for e, v in zip(elements, values, strict=True)]
+    new_elements = [e.with_changes(value=v) for e, v in zip(elements, values, strict=True)]  # type: ignore[misc]
     moved = f", moved before {rules[blocker][0]!r}" if blocker is not None else ""
     return node.with_changes(elements=new_elements), f"rule ({logical!r}, {mesh_axes!r}){moved}"
 
@@ -249,8 +252,7 @@ def with_partitioning(source: Source, edit: SourceEdit, line: int) -> tuple[dict
     keyword = argument or ("embedding_init" if kind == "Embed" else "kernel_init")
     existing = next((a for a in call.args if a.keyword is not None and a.keyword.value == keyword), None)
     if existing is not None:
-        if (dotted(existing.value.func) if isinstance(existing.value, cst.Call) else "") and \
-                (dotted(existing.value.func) or "").endswith(wrap_name):  # type: ignore[union-attr]
+        if isinstance(existing.value, cst.Call) and (dotted(existing.value.func) or "").endswith(wrap_name):
             raise CannotEdit(f"{keyword} on line {line} is already wrapped in with_partitioning (already applied?)")
         value = cst.parse_expression(f"{nnx}.with_partitioning({_code(existing.value)}, {spec})")
         new_call = call.with_changes(args=[a.with_changes(value=value) if a is existing else a for a in call.args])
