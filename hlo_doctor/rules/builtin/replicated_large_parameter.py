@@ -56,14 +56,23 @@ class ReplicatedLargeParameter(Rule):
 
     **Fix**
 
-    Shard it like the other weights: over the FSDP axis, on its largest
-    dimension that the axis size divides.
+    Shard it like the other weights, over their axis, on the dim its forward
+    matmul asks for: the contracting dim when the activation it meets is split
+    over the same axis (FSDP: otherwise propagation splits the output's
+    features), else the Megatron pairing (free dim for the first matmul of a
+    pair, contracting for the second); the largest dim that divides when no
+    matmul reads it. Written where the program sets the parameter's sharding:
+    the ``P()`` of its ``jax.ShapeDtypeStruct``/``device_put``; a Keras
+    ``LayoutMap`` key that matches the variable; ``nnx.with_partitioning`` on
+    the NNX layer's initializer.
 
     ```python
     # JAX
     unembed = jax.device_put(unembed, NamedSharding(mesh, P('fsdp', None)))
     # torch_xla
     xs.mark_sharding(model.unembed.weight, mesh, ('fsdp', None))
+    # Keras: a key the variable's path matches
+    layout_map[r"decoder_block_\d+/ffw_linear/kernel"] = ('model', None)
     ```
 
     **Options**
