@@ -231,3 +231,11 @@ def test_constraint_as_the_function_starts_after_its_docstring():
     assert "has no parameter x" in refused(program, SourceEdit("constrain", "jax", target="x", spec=(None,),
                                                                details={"position": "function-start"}), line=7)
     assert "defines no function" in refused(program, edit, line=5)
+
+
+def test_torch_alias_of_spmd_and_windows_line_endings_kept():
+    program = TORCH.replace("import torch_xla.distributed.spmd as xs", "import torch_xla.distributed.spmd as spmd")
+    program = program.replace("xs.Mesh(", "spmd.Mesh(").replace("\n", "\r\n")
+    out = patched(program, SourceEdit("constrain", "torch_xla", target="x", spec=(("fsdp",), None)), line=17)
+    assert '    x = load()\r\n    spmd.mark_sharding(x, mesh, ("fsdp", None))\r\n' in out
+    assert "\n" not in out.replace("\r\n", "")
