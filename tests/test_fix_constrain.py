@@ -192,3 +192,50 @@ def test_a_parenthesized_import_keeps_one_name_a_line():
     out = patched(program, SourceEdit("constrain", "jax", target="h", spec=(("d",), None)), line=8)
     assert out.startswith("import jax\nfrom jax.sharding import (\n    Mesh,\n    NamedSharding,\n"
                           "    PartitionSpec as P,\n)\n")
+
+
+CALL = '''\
+import torch_xla.distributed.spmd as xs
+
+
+def main():
+    mesh = xs.Mesh(ids, (2, 8), ("replica", "fsdp"))
+    # one step
+    loss = model(input_ids=input_ids, labels=labels).loss
+'''
+
+
+def test_marks_before_the_model_call_keep_its_comment_above_them():
+    edits = [SourceEdit("constrain", "torch_xla", target=t, spec=(("replica", "fsdp"), None),
+                        details={"position": "before"}) for t in ("input_ids", "labels")]
+    out = patched(CALL, *edits, line=7)
+    assert out.splitlines()[5:9] == ["    # one step",
+                                     '    xs.mark_sharding(input_ids, mesh, (("replica", "fsdp"), None))',
+                                     '    xs.mark_sharding(labels, mesh, (("replica", "fsdp"), None))',
+                                     "    loss = model(input_ids=input_ids, labels=labels).loss"]
+    assert "does not use tokens" in refused(CALL, SourceEdit("constrain", "torch_xla", target="tokens", spec=(None,),
+                                                             details={"position": "before"}), line=7)
+
+
+def test_constraint_as_the_function_starts_after_its_docstring():
+    program = ('import jax\n\n\ndef main():\n    mesh = jax.make_mesh((8,), ("data",))\n\n'
+               '    def model(params, tokens):\n        """The model."""\n        return forward(params, tokens)\n')
+    edit = SourceEdit("constrain", "jax", target="tokens", spec=(("data",), None), details={"position": "function-start"})
+    out = patched(program, edit, line=7)
+    assert out.splitlines()[7:10] == [
+        '        """The model."""',
+        '        tokens = jax.lax.with_sharding_constraint(tokens, jax.sharding.NamedSharding(mesh, '
+        'jax.sharding.PartitionSpec("data", None)))',
+        "        return forward(params, tokens)"]
+    assert "already constrained" in refused(out, edit, line=7)
+    assert "has no parameter x" in refused(program, SourceEdit("constrain", "jax", target="x", spec=(None,),
+                                                               details={"position": "function-start"}), line=7)
+    assert "defines no function" in refused(program, edit, line=5)
+
+
+def test_torch_alias_of_spmd_and_windows_line_endings_kept():
+    program = TORCH.replace("import torch_xla.distributed.spmd as xs", "import torch_xla.distributed.spmd as spmd")
+    program = program.replace("xs.Mesh(", "spmd.Mesh(").replace("\n", "\r\n")
+    out = patched(program, SourceEdit("constrain", "torch_xla", target="x", spec=(("fsdp",), None)), line=17)
+    assert '    x = load()\r\n    spmd.mark_sharding(x, mesh, ("fsdp", None))\r\n' in out
+    assert "\n" not in out.replace("\r\n", "")

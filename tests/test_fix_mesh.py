@@ -67,3 +67,14 @@ def test_refusals():
 def test_applying_twice_is_a_refusal():
     program = "mesh = jax.make_mesh((4, 2), ('dp', 'tp'))\n"
     assert "already as asked" in refused(program, _mesh(axis_names=("dp", "tp"), shape=(4, 2)), line=1)
+
+
+def test_create_device_mesh_sizes_and_the_names_move_together():
+    program = "mesh = Mesh(mesh_utils.create_device_mesh((2, 4)), ('tp', 'dp'))\n"
+    assert patched(program, _mesh(axis_names=("dp", "tp")), line=1) == \
+        "mesh = Mesh(mesh_utils.create_device_mesh((4, 2)), ('dp', 'tp'))\n"
+
+
+def test_a_wrong_permutation_is_refused():
+    program = "mesh = jax.make_mesh((2, 4), ('tp', 'dp'))\n"
+    assert "does not take" in refused(program, _mesh(axis_names=("dp", "tp"), permutation=(0, 1)), line=1)

@@ -16,12 +16,14 @@ import ast
 import functools
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.fix import FixPlan, plan_fixes
+from hlo_doctor.fix.apply import _LineMap, resolve_path
 from hlo_doctor.testing import builtin_rule_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,14 +90,43 @@ def test_every_snapshot_has_its_fixture() -> None:
     assert not stale, f"snapshots without a bad fixture whose findings carry edits: {stale}"
 
 
+def _moved(findings, plan: FixPlan, path_map: dict[str, str]):
+    """The findings with their lines carried into the patched program (as a fresh diagnosis of the
+    patched program would give them)."""
+    maps = {}
+    for path, text in plan.patched.items():
+        maps[path] = _LineMap(plan.originals[path])
+        maps[path].update(text)
+
+    def line(recorded: str | None, number: int | None) -> int | None:
+        path = resolve_path(recorded, path_map) if recorded else None
+        return maps[path][number] if path in maps and number is not None else number
+
+    moved = []
+    for finding in findings:
+        source = finding.source
+        suggestion = finding.suggestion
+        if suggestion is not None:
+            edits = tuple(replace(e, line=line(e.file or (source.file if source else None), e.line))
+                          if e.line is not None else e for e in suggestion.edits)
+            suggestion = replace(suggestion, edits=edits)
+        if source is not None:
+            source = replace(source, line=line(source.file, source.line) or source.line)
+        moved.append(replace(finding, source=source, suggestion=suggestion))
+    return moved
+
+
 @pytest.mark.parametrize("folder", CASES, ids=lambda p: f"{p.parent.name}-{p.name}")
 def test_fixing_the_fixed_program_changes_nothing(folder: Path) -> None:
-    """The same findings planned on the patched program: every edit is refused, nothing changes."""
+    """The same findings, their lines carried into the patched program, planned on it: every edit
+    is refused ("already applied?"), nothing changes."""
     plan, _ = fix_plan(folder)
     assert plan is not None
     report = analyze_dump(folder, select=builtin_rule_ids())
     recorded = [report.program] + [f.source.file for f in report.findings if f.source] + [
         e.file for f in report.findings if f.suggestion for e in f.suggestion.edits]
-    again = plan_fixes(report.findings, program=report.program, path_map=gallery_path_map(*recorded),
+    path_map = gallery_path_map(*recorded)
+    again = plan_fixes(_moved(report.findings, plan, path_map), program=report.program, path_map=path_map,
                        sources=plan.patched)
     assert again.changed == [], [a.description for a in again.applied]
+    assert not again.applied

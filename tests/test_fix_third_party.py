@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from hlo_doctor.findings import SourceEdit
-from tests.fix_cases import PATH, dedent, finding, patched, plan, refused
+from tests.fix_cases import PATH, finding, patched, plan, refused
 
 RULES = '''\
 BAD_RULES = [("embed", "data"), ("batch", "data"), ("mlp", None)]
@@ -144,21 +144,24 @@ def _shard_output(**details) -> SourceEdit:
 
 def test_shard_output_defined_before_the_statement_and_passed():
     out = patched(FSDP, _shard_output(rank=3, attribute="logits"), line=9)
-    assert out.endswith(dedent('''\
-            def shard_output(output, mesh):
-                xs.mark_sharding(output.logits, mesh, (("replica", "fsdp"), None, None))
-            model = FSDPv2(model, mesh=mesh, shard_output=shard_output)
-        ''').replace("\n", "\n    ").rstrip(" ").join(["    ", ""]))
+    assert out.splitlines()[8:] == [
+        "    def shard_output(output, mesh):",
+        '        real = output.logits if hasattr(output, "logits") else output',
+        "        real = real[0] if isinstance(real, tuple) else real",
+        '        xs.mark_sharding(real, mesh, (("replica", "fsdp"), None, None))',
+        "",
+        "    model = FSDPv2(model, mesh=mesh, shard_output=shard_output)"]
     ast.parse(out)
-    assert "already passes shard_output" in refused(out, _shard_output(rank=3, attribute="logits"), line=11)
+    assert "already passes shard_output" in refused(out, _shard_output(rank=3, attribute="logits"), line=14)
 
 
 def test_shard_output_in_a_loop_goes_before_the_loop():
     out = patched(FSDP, _shard_output(rank=3), line=8)
     lines = out.splitlines()
-    assert lines[6:9] == ["    def shard_output(output, mesh):",
-                          '        xs.mark_sharding(output, mesh, (("replica", "fsdp"), None, None))',
-                          "    for i, layer in enumerate(model.model.layers):"]
+    assert lines[6:10] == ["    def shard_output(output, mesh):",
+                           '        xs.mark_sharding(output, mesh, (("replica", "fsdp"), None, None))',
+                           "",
+                           "    for i, layer in enumerate(model.model.layers):"]
     assert "FSDPv2(layer, mesh=mesh, shard_output=shard_output)" in out
 
 

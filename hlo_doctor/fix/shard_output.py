@@ -5,12 +5,16 @@ forward; its default marks the output's dim 0 over ``'fsdp'`` only. The edit def
 before the statement (of the enclosing function's own body) that holds the wrapper call::
 
     def shard_output(output, mesh):
-        xs.mark_sharding(output.logits, mesh, (("replica", "fsdp"), None, None))
+        real = output.logits if hasattr(output, "logits") else output
+        real = real[0] if isinstance(real, tuple) else real
+        xs.mark_sharding(real, mesh, (("replica", "fsdp"), None, None))
 
-(``output.<attribute>`` when ``details["attribute"]`` says, e.g. ``logits`` for a Hugging Face
-``CausalLMOutputWithPast``; dim 0 over ``spec[0]``'s axes, ``details["rank"]`` entries) and passes
-it as ``shard_output=`` (replacing the value when the call already has one). The function is
-named ``shard_output`` unless that name is taken in the scope, then ``shard_output_<axes>``.
+(``details["attribute"]``, e.g. ``logits`` for a Hugging Face ``CausalLMOutputWithPast``: read
+when the output has it, so the same function serves the wrapped decoder layers, whose output is a
+tensor or a tuple; without it, ``xs.mark_sharding(output, mesh, ...)``; dim 0 over ``spec[0]``'s
+axes, ``details["rank"]`` entries) and passes it as ``shard_output=`` (replacing the value when
+the call already has one). The function is named ``shard_output`` unless that name is taken in
+the scope, then ``shard_output_<axes>``.
 A function with the same body defined earlier in the scope (an earlier edit's, for another
 wrapper) is passed instead of a second copy. Refused: no FSDPv2 call on the line, no spec, and a
 call that already passes such a function (applied before).
@@ -49,7 +53,7 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     rank = int(edit.details.get("rank") or len(edit.spec))
     spec = (edit.spec[0],) + (None,) * (rank - 1)
     attribute = edit.details.get("attribute")
-    output = f"output.{attribute}" if attribute else "output"
+    output = f"output.{attribute}" if attribute else "output"  # for the description
     anchor = source.top_statement_in_scope(call)
     scope = source.scopes(call)[0]
     taken = {b.name for b in source.bindings(scope)} | {
@@ -60,7 +64,13 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     existing = next((a for a in call.args if a.keyword is not None and a.keyword.value == "shard_output"), None)
     xs = imports.module_for("torch_xla.distributed.spmd", "xs")
     quote = source.quote()
-    body = f"    {xs}.mark_sharding({output}, mesh, {tuple_code(spec, quote)})\n"
+    marks = tuple_code(spec, quote)
+    if attribute:  # a model's output (Hugging Face: .logits); a wrapped layer's: a tensor or a tuple
+        body = (f"    real = output.{attribute} if hasattr(output, {quote}{attribute}{quote}) else output\n"
+                f"    real = real[0] if isinstance(real, tuple) else real\n"
+                f"    {xs}.mark_sharding(real, mesh, {marks})\n")
+    else:
+        body = f"    {xs}.mark_sharding(output, mesh, {marks})\n"
     reuse = next((s.name.value for s in source.own_statements(scope) if isinstance(s, cst.FunctionDef)
                   and source.lines(s)[0] < source.lines(anchor)[0]
                   and cst.Module([]).code_for_node(s.body).strip() == body.strip()), None)
@@ -90,6 +100,8 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     # The call sits inside ``anchor``: rebuild the anchor with the call replaced, then put the
     # function before it.
     rebuilt = anchor.visit(_Swap({call: new_call}))
+    if isinstance(rebuilt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not rebuilt.leading_lines:
+        rebuilt = rebuilt.with_changes(leading_lines=[cst.EmptyLine(indent=False)])  # a blank line after the new function
     return {anchor: [function, rebuilt]}, imports, (
         f"line {line}: shard_output={name}, a function marking {output}'s dim 0 over {axes} defined "
         f"before line {source.lines(anchor)[0]}")
