@@ -284,6 +284,8 @@ def test_critical_path_gate_passes_the_right_fix_that_sends_more_bytes(before: P
     assert ("collective bytes per device: 1.37 MiB -> 5.16 MiB (+277%), on the critical path 1.37 MiB -> 0 B "
             "(-100%)") in passed.stdout
     assert "  activation-gather        1.37 MiB -> 0 B         -100%" in passed.stdout
+    assert "4915200 B/device, can overlap (prefetchable) [all-gather]" in passed.stdout
+    assert "819200 B/device [all-gather]" in passed.stdout  # the activation gather waits on the input
     data = json.loads(run("diff", str(before), str(after), "--format", "json").stdout)
     assert data["bytes_per_device"] == {"before": 1433600, "after": 5406720,
                                         "increase_pct": pytest.approx(277.14, abs=0.01)}

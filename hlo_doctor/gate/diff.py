@@ -51,6 +51,8 @@ class CollectiveDetail:
     bytes_per_device: int
     role: str
     parameters: tuple[str, ...]
+    can_overlap: bool = False
+    """a gather whose operand derives from no data input: prefetchable, off the critical path"""
 
     @property
     def signature(self) -> tuple:
@@ -59,8 +61,9 @@ class CollectiveDetail:
     def describe(self) -> str:
         dim = f" dim {self.dimension}" if self.dimension is not None else ""
         source = f" of {', '.join(self.parameters)}" if self.parameters else ""
+        overlap = ", can overlap (prefetchable)" if self.can_overlap else ""
         return (f"{self.kind} ({self.role}{source}) {self.operand_shape} -> {self.result_shape}{dim}, "
-                f"{self.bytes_per_device} B/device [{self.instruction}]")
+                f"{self.bytes_per_device} B/device{overlap} [{self.instruction}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +245,7 @@ def _collective_details(ctx: RuleContext | None) -> list[CollectiveDetail]:
     if hlo is None or hlo.entry is None:
         return []
     params = {p.parameter_number: p for p in hlo.entry.parameters()}
+    overlapping = {(c.computation, c.instruction) for c in ctx.semantics.bytes.overlappable_gathers}
     details = []
     for role in ctx.semantics.roles:
         facts = role.facts
@@ -261,6 +265,7 @@ def _collective_details(ctx: RuleContext | None) -> list[CollectiveDetail]:
                 bytes_per_device=max(op.bytes_in_per_device, op.bytes_out_per_device),
                 role=role.role,
                 parameters=names,
+                can_overlap=(facts.computation, facts.instruction) in overlapping,
             )
         )
     return details

@@ -69,7 +69,7 @@ def diff_to_dict(diff: DumpDiff) -> dict[str, Any]:
 def _detail(d) -> dict[str, Any]:
     return {"kind": d.kind, "instruction": d.instruction, "role": d.role, "parameters": list(d.parameters),
             "operand_shape": d.operand_shape, "result_shape": d.result_shape, "dimension": d.dimension,
-            "bytes_per_device": d.bytes_per_device}
+            "bytes_per_device": d.bytes_per_device, "can_overlap": d.can_overlap}
 
 
 def render_diff_json(diff: DumpDiff) -> str:
