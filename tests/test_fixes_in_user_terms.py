@@ -63,27 +63,36 @@ def test_fixes_use_the_variable_and_the_mesh_of_the_program(folder):
 
 def test_keras_parameters_are_named_by_their_variable_path():
     """Keras' JAX trainer names parameters state[0][i]; the runner's record of the train step's
-    state gives their paths, and each LayoutMap key suggested is that variable's own."""
+    state gives their paths, and each LayoutMap key suggested is that variable's own: one key per
+    FFN kernel, which also covers the other layer's (one fix, one finding)."""
     folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
     record = load_dump(folder).run_record
     [state] = [s for s in record["keras"]["states"] if s["function"] == "train_step"]
     trainable = state["groups"][0]["variables"]
     program_keys = {e["key"] for e in record["keras"]["layouts"]}
     matched = [v["path"] for v in record["keras"]["variables"] if v["matched_key"] is not None]
+    named = re.compile(r"parameter (\S+) \(state\[0\]\[(\d+)\]\) \(f32\[512,512\]")
     findings = analyze_dump(folder, select=["replicated-large-parameter"]).findings
-    assert len(findings) == 6
+    covered = []
     for finding in findings:
-        name = re.match(r"parameter (\S+) \(state\[0\]\[(\d+)\]\) \(f32\[512,512\]", finding.message)
-        assert name is not None, finding.message
-        path, index = name.group(1), int(name.group(2))
-        assert path == trainable[index]["path"] and re.fullmatch(r"decoder_block_\d/ffw_\w+/kernel", path)
         (edit,) = finding.suggestion.edits
         key = edit.details["key"]
-        assert (edit.kind, edit.target, edit.line) == ("layout-map-key", path, 53)  # after the program's last key
-        assert re.search(key, path) and re.fullmatch(key, path)  # Keras 3.15 matches keys with fullmatch
+        assert (edit.kind, edit.line) == ("layout-map-key", 53)  # after the program's last key
         assert key not in program_keys
         assert not any(re.fullmatch(key, other) for other in matched)  # no variable gets two keys
         assert finding.suggestion.jax == f'layout[r"{key}"] = (\'model\', None)'
+        messages = [finding.message] + [same["message"] for same in finding.evidence.get("same_fix", ())]
+        paths = []
+        for message in messages:
+            name = named.match(message)
+            assert name is not None, message
+            path, index = name.group(1), int(name.group(2))
+            assert path == trainable[index]["path"] and re.fullmatch(r"decoder_block_\d/ffw_\w+/kernel", path)
+            assert re.search(key, path) and re.fullmatch(key, path)  # Keras 3.15 matches keys with fullmatch
+            paths.append(path)
+        assert tuple(sorted(paths)) == edit.details["paths"] and edit.target == edit.details["paths"][0]
+        covered += paths
+    assert len(findings) == 3 and len(covered) == 6  # the six FFN kernels, each under its own key
     assert {f.suggestion.edits[0].details["key"] for f in findings} == {
         r"decoder_block_\d+/ffw_gating/kernel", r"decoder_block_\d+/ffw_gating_2/kernel",
         r"decoder_block_\d+/ffw_linear/kernel"}
@@ -147,6 +156,8 @@ def test_the_layout_map_key_is_the_variables_own(tmp_path):
     assert key(record(*two)) == r"block_\d+/ffw/kernel"
     lever = keras_layout_key(record(*two), (4, 8), dims, "block_0/ffw/kernel")
     assert lever.code == 'layout[r"block_\\d+/ffw/kernel"] = (\'model\', None)' and lever.edits[0].line == 2
+    assert lever.edits[0].details["paths"] == ("block_0/ffw/kernel", "block_2/ffw/kernel")
+    assert lever.edits[0].target == "block_0/ffw/kernel"  # the same edit for block_2's finding: one fix
     # block_1's kernel matched the program's key: the pattern would give it two keys
     assert key(record(*two, ("block_1/ffw/kernel", "block_1/ffw/kernel", (4, 8)))) == "block_0/ffw/kernel"
     # another layer's kernel of another shape: one spec would not fit both
@@ -194,3 +205,23 @@ def test_nnx_parameters_are_named_by_their_variable_path():
     assert finding.suggestion.jax == "kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, 'fsdp'))"
     (edit,) = finding.suggestion.edits
     assert (edit.kind, edit.line, edit.target, edit.spec) == ("with-partitioning", 56, "unembed/kernel", (None, ("fsdp",)))
+
+
+def test_one_fix_one_finding():
+    """Findings of one rule whose fix is the same edit of the program share their cause: the Flax
+    rules order gives five feature-sharded dots one fix (the rules list), so one finding lists
+    the other four in ``related`` and ``evidence["same_fix"]``."""
+    (finding,) = analyze_dump(FIXTURES / "flax-linen-rules" / "jax-shardy-bad",
+                              select=["non-batch-dim-sharding"]).findings
+    others = [s["instruction"] for s in finding.evidence["same_fix"]]
+    assert sorted(others) == ["dot.13", "dot.3", "dot.5", "dot.7"]
+    assert set(others) <= set(finding.related)
+    (edit,) = finding.suggestion.edits
+    assert edit.kind == "logical-rule" and edit.details["before"] == ("embed",)
+    assert "4 more ops" in finding.message
+
+
+def test_different_lines_with_their_own_constraint_stay_apart():
+    """Two constraints on two lines are two fixes: the seed's bad fixture keeps its own finding per line."""
+    report = analyze_dump(FIXTURES / "fsdp-activation-gather" / "jax-gspmd-bad", select=builtin_rule_ids())
+    assert all("same_fix" not in f.evidence for f in report.findings)

@@ -30,6 +30,7 @@ from typing import Any
 from hlo_doctor.findings import SourceEdit, SourceRef
 from hlo_doctor.rules._program import parsed_program
 from hlo_doctor.rules._records import record_entries, user_line
+from hlo_doctor.rules._spec_sites import parameter_spec_site, parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
 
 __all__ = [
@@ -38,7 +39,10 @@ __all__ = [
     "jax_argument_constraint",
     "keras_layout_key",
     "nnx_partitioning",
+    "parameter_respec",
     "torch_input_marks",
+    "user_constraint_respec",
+    "with_lever",
 ]
 
 
@@ -190,17 +194,20 @@ def keras_layout_key(record: Mapping[str, Any] | None, shape: Sequence[int],
     (None: none did, so Keras replicated it), and the variables of each jitted step's state with
     their shapes. The key generalizes the layer index (``decoder_block_\\d+/ffw_gating/kernel``)
     when every variable it would then match is unmatched and of this shape, else it is the path
-    itself; it goes after the program's last key. Without ``path`` (a record without the state's
-    variables), the unmatched kernels are all named.
+    itself; it goes after the program's last key. The edit is the same for every variable the key
+    matches (one fix). Without ``path`` (a record without the state's variables), the unmatched
+    kernels are all named.
     """
     layouts = list(record_entries(record, "keras", "layouts"))
     where = user_line(layouts[-1]) if layouts else None
     if where is None:
         return None
+    covered: tuple[str, ...] = ()
     if path is not None:
-        key = _keras_key(record, path, shape, {str(e.get("key")) for e in layouts})
-        if key is None:
+        found = _keras_key(record, path, shape, {str(e.get("key")) for e in layouts})
+        if found is None:
             return None
+        key, covered = found
         paths = [key]
     else:
         # match by the key's pattern only: the unmatched kernels remain
@@ -213,20 +220,27 @@ def keras_layout_key(record: Mapping[str, Any] | None, shape: Sequence[int],
     value = torch_spec(dims)
     mapping = _subscripted_name(where) or "layout_map"
     lines = [f'{mapping}[r"{p}"] = {value}' for p in paths]
-    edits = tuple(SourceEdit("layout-map-key", "jax", target=path or p, spec=spec, file=where[0], line=where[1],
-                             details={"key": p}) for p in paths)
     if path is not None:
+        # one key, one edit: every variable the key covers gets the same one (target: the first)
+        edits = (SourceEdit("layout-map-key", "jax", target=covered[0], spec=spec, file=where[0], line=where[1],
+                            details={"key": paths[0], "paths": covered}),)
+        also = [p for p in covered if p != path]
         summary = (f"No key of the LayoutMap matches {path}, so Keras replicates it on every device: "
-                   f'add the key r"{paths[0]}" after line {where[1]}')
+                   f'add the key r"{paths[0]}" after line {where[1]}'
+                   + (f" (it also matches {', '.join(also)})" if also else ""))
     else:
+        edits = tuple(SourceEdit("layout-map-key", "jax", target=p, spec=spec, file=where[0], line=where[1],
+                                 details={"key": p}) for p in paths)
         summary = (f"No key of the LayoutMap matches {', '.join(paths)}, so Keras replicates "
                    f"{'them' if len(paths) > 1 else 'it'} on every device: add "
                    f"{'keys' if len(paths) > 1 else 'a key'} after line {where[1]}")
     return Lever(summary, "\n".join(lines), edits)
 
 
-def _keras_key(record: Mapping[str, Any] | None, path: str, shape: Sequence[int], keys: set[str]) -> str | None:
-    """The LayoutMap key for the unmatched variable ``path``: its layer pattern, else the path.
+def _keras_key(record: Mapping[str, Any] | None, path: str, shape: Sequence[int],
+               keys: set[str]) -> tuple[str, tuple[str, ...]] | None:
+    """The LayoutMap key for the unmatched variable ``path`` (its layer pattern, else the path)
+    and the recorded variables it matches, sorted.
 
     Keras looks a path up as a key, then with ``re.fullmatch`` of every key, and refuses a path
     two keys match; so a key counts only when each path the runner recorded that it matches is
@@ -248,9 +262,9 @@ def _keras_key(record: Mapping[str, Any] | None, path: str, shape: Sequence[int]
             continue
         if key in keys or not pattern.fullmatch(path):
             continue
-        matched = [p for p in set(variables) | set(shapes) if pattern.fullmatch(p)]
+        matched = sorted({p for p in (*variables, *shapes, path) if pattern.fullmatch(p)})
         if all(variables.get(p) is None and shapes.get(p, tuple(shape)) == tuple(shape) for p in matched):
-            return key
+            return key, tuple(matched)
     return None
 
 
@@ -392,3 +406,67 @@ def with_lever(finding: Any, lever: Lever | None, framework: str | None) -> Any:
 
 
 _NO_LINE = " (the dump records only library frames for this op, no line of your code)"
+
+
+# -- the user's own constraint that writes the wrong spec --------------------------------
+
+def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | None, source_line: int | None,
+                           shape: Sequence[int], batch_dim: int, dims: Sequence[DimAxes],
+                           framework: str | None) -> Lever | None:
+    """The program's own constraint on this value, a few lines on, that splits a feature dim and
+    leaves the batch dim whole: the fix is its spec, written where the program writes it.
+
+    The runner records each ``with_sharding_constraint`` / ``mark_sharding`` call with its
+    spec, the value's shape and the stack; the one that counts is the first after the
+    finding's line, in its file, on a value of the dot's shape.
+    """
+    if source_file is None or source_line is None or framework not in ("jax", "torch_xla"):
+        return None
+    candidates = []
+    for call in record_entries(record, "sharding_calls"):
+        where = user_line(call)
+        spec = parse_spec_text(str(call.get("spec", "")))
+        if where is None or spec is None or tuple(call.get("shape") or ()) != tuple(shape):
+            continue
+        file, line = where
+        if file != source_file or not source_line < line <= source_line + 5:
+            continue
+        whole_batch = batch_dim >= len(spec) or spec[batch_dim] is None
+        if whole_batch and any(axes for d, axes in enumerate(spec) if d != batch_dim):
+            candidates.append((line, spec))
+    if not candidates:
+        return None
+    line, old_spec = min(candidates)
+    site = spec_site(source_file, line, old_spec)
+    if site is None:
+        return None
+    new_spec = spec_tuple(dims)
+    written = (jax_spec(dims) if site.text.startswith(("P(", "PartitionSpec(")) else torch_spec(dims))
+    if site.text.startswith("PartitionSpec("):
+        written = "PartitionSpec(" + written[2:]
+    code = site.line_text.strip().replace(site.text, written, 1)
+    edit = SourceEdit("respec", framework, spec=new_spec, old_spec=old_spec, file=source_file, line=site.line)
+    summary = (f"Line {line} constrains this value to {site.text}, which splits a feature dim and leaves batch dim "
+               f"{batch_dim} whole on every device: write {written} where line {site.line} makes that spec, so the "
+               "value stays batch-sharded like its input")
+    return Lever(summary, code, (edit,))
+
+
+def parameter_respec(program: str | None, argument: str, dims: Sequence[DimAxes], framework: str | None) -> Lever | None:
+    """The replicated spec the program writes for the JAX argument ``argument`` (its
+    ``jax.ShapeDtypeStruct(..., sharding=...)`` or ``jax.device_put``), written sharded instead."""
+    if framework != "jax":
+        return None
+    site = parameter_spec_site(program, argument, ())
+    if site is None or program is None:
+        return None
+    written = jax_spec(dims)
+    if site.text.startswith("PartitionSpec("):
+        written = "PartitionSpec(" + written[2:]
+    code = site.line_text.strip().replace(site.text, written, 1)
+    edit = SourceEdit("respec", framework, target=argument, spec=spec_tuple(dims), old_spec=(), file=program,
+                      line=site.line)
+    summary = (f"Line {site.line} writes {site.text} (replicated) for {argument}: write {written} there, so each device "
+               "holds its shard and the partitioner gathers the weight where it is used")
+    return Lever(summary, code, (edit,))
+

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hlo_doctor.examples.registry import local_program_file
 
-__all__ = ["parsed_program", "program_mesh_axes", "recorded_parameter_path"]
+__all__ = ["parsed_program", "program_mesh_axes", "program_text", "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
 _MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
@@ -40,14 +40,34 @@ def parsed_program(path: str | None) -> ast.Module | None:
     return _parse(str(local), mtime)
 
 
+def program_text(path: str | None) -> str | None:
+    """The text of the user's program at ``path`` (as :func:`parsed_program` reads it), or None."""
+    local = local_program_file(path) if path else None
+    if local is None:
+        return None
+    try:
+        return _read(str(local), local.stat().st_mtime)
+    except OSError:
+        return None
+
+
 @functools.lru_cache(maxsize=32)
-def _parse(path: str, mtime: float) -> ast.Module | None:
+def _read(path: str, mtime: float) -> str | None:
     try:
         file = Path(path)
         if file.stat().st_size > _READ_LIMIT:
             return None
-        return ast.parse(file.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
+        return file.read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(path: str, mtime: float) -> ast.Module | None:
+    text = _read(path, mtime)
+    try:
+        return ast.parse(text) if text is not None else None
+    except (SyntaxError, ValueError):
         return None
 
 

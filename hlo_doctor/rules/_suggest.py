@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import re
 from collections.abc import Sequence
@@ -132,11 +133,16 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
     names the value. When the line assigns nothing (``return self.fc2(h)``), the code keeps
     ``placeholder`` and the summary says to bind the line's result to it.
     """
-    import dataclasses
-
     suggestion, source = finding.suggestion, finding.source
-    if suggestion is None or source is None:
+    if suggestion is None:
         return finding
+    if source is None:  # a constraint needs the line that makes the value
+        edits = tuple(e for e in suggestion.edits if not (e.kind == "constrain" and e.file is None))
+        if len(edits) == len(suggestion.edits):
+            return finding
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(
+            suggestion, edits=edits,
+            no_edit="the dump records no line of your code for this op, so there is no line to constrain it at"))
     name = assigned_name(source.file, source.line)
     if name is None:
         note = f" (line {source.line} assigns no variable: bind its result to {placeholder} first)"
@@ -148,13 +154,63 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
             no_edit = f"line {source.line} assigns no variable to constrain"
         return dataclasses.replace(finding, suggestion=dataclasses.replace(
             suggestion, summary=suggestion.summary + note, edits=edits, no_edit=no_edit))
-    edits = tuple(dataclasses.replace(e, target=name) if e.kind == "constrain" and e.target == placeholder
+    mesh = mesh_expression(source.file, source.line)
+    edits = tuple(dataclasses.replace(e, target=name, mesh=mesh) if e.kind == "constrain" and e.target == placeholder
                   and e.file is None else e for e in suggestion.edits)
+    jax_code = rename_value(suggestion.jax, placeholder, name)
+    torch_code = rename_value(suggestion.torch_xla, placeholder, name)
+    if mesh is not None and mesh != "mesh":  # a method reaches the mesh through self
+        jax_code, torch_code = rename_value(jax_code, "mesh", mesh), rename_value(torch_code, "mesh", mesh)
     renamed = dataclasses.replace(
         suggestion,
         edits=edits,
-        jax=rename_value(suggestion.jax, placeholder, name),
-        torch_xla=rename_value(suggestion.torch_xla, placeholder, name),
+        jax=jax_code,
+        torch_xla=torch_code,
         summary=rename_value(suggestion.summary, placeholder, name) or suggestion.summary,
     )
     return dataclasses.replace(finding, suggestion=renamed)
+
+
+# -- the mesh as the line can name it --------------------------------------------------
+
+_MESH_BUILDERS = ("Mesh", "make_mesh", "HybridMesh", "DeviceMesh", "create_device_mesh", "create_hybrid_device_mesh")
+
+
+def mesh_expression(source_file: str | None, line: int | None) -> str | None:
+    """How code on ``line`` names the program's mesh: a variable a mesh construction is bound to in
+    an enclosing function or the module (``mesh``), a parameter of the enclosing function named
+    like that variable, or, in a method, the ``self.`` attribute the class stores it in
+    (``self.mesh``). None: the line cannot reach a mesh."""
+    tree = parsed_program(source_file)
+    if tree is None or line is None:
+        return None
+    bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+             and _call_name(n.value) in _MESH_BUILDERS for t in n.targets if isinstance(t, ast.Name)}
+    if not bound:
+        return None
+    chain = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)
+    for function in chain:
+        names = {a.arg for a in function.args.args + function.args.kwonlyargs}
+        names |= {t.id for n in ast.walk(function) if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name)}
+        if names & bound:
+            return sorted(names & bound)[0]
+    module_level = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    if module_level & bound:
+        return sorted(module_level & bound)[0]
+    if chain and chain[0].args.args and chain[0].args.args[0].arg == "self":
+        owner = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and chain[0] in c.body), None)
+        stored = {t.attr for n in ast.walk(owner) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)
+                  and n.value.id in bound for t in n.targets
+                  if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                  } if owner is not None else set()
+        if len(stored) == 1:
+            return f"self.{stored.pop()}"
+    # a closure over main's mesh: a function defined inside the function that builds it
+    return None
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""

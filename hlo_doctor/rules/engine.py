@@ -17,7 +17,7 @@ from hlo_doctor.units import format_bytes
 INTERNAL_ERROR = "internal-error"
 _CAUSES = "; it also causes "
 
-__all__ = ["INTERNAL_ERROR", "Skip", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
+__all__ = ["INTERNAL_ERROR", "Skip", "fold_same_fix", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
 
 
 def select_rules(
@@ -74,6 +74,7 @@ def merge_outcomes(
         findings.extend(produced)
         if skip is not None:
             skips.append(skip)
+    findings = fold_same_fix(findings)
     if len({f.rule for f in findings}) > 1:
         names = collectives() if collectives is not None else frozenset()
         while True:  # a fold can make another: a symptom's related ops join its cause's
@@ -83,6 +84,54 @@ def merge_outcomes(
             findings = folded
     findings.sort(key=lambda f: f.sort_key)
     return findings, skips
+
+
+def fold_same_fix(findings: list[Finding]) -> list[Finding]:
+    """One fix, one finding: findings of one rule in one module whose suggestions make the same
+    edits to the program (the same rules list, the same LayoutMap keys, the same constraint on
+    the same line) share their cause. The first is kept; the others' ops join its ``related``
+    and ``evidence["same_fix"]`` lists them (op, line, message)."""
+    kept: list[Finding] = []
+    index: dict[tuple, int] = {}
+    for finding in findings:
+        key = _fix_key(finding)
+        if key is None or key not in index:
+            if key is not None:
+                index[key] = len(kept)
+            kept.append(finding)
+            continue
+        first = kept[index[key]]
+        related = list(first.related)
+        for name in (finding.instruction, *finding.related):
+            if name and name not in related and name != first.instruction:
+                related.append(name)
+        same = [*first.evidence.get("same_fix", ()),
+                {"instruction": finding.instruction, "source_line": finding.source.line if finding.source else None,
+                 "message": finding.message}]
+        count = len(same) + 1
+        message = first.message.split(_SAME_FIX)[0] + f"{_SAME_FIX}{count - 1} more op{'s' if count > 2 else ''} " \
+            f"({', '.join(str(s['instruction']) for s in same[:6])}{', ...' if len(same) > 6 else ''}) have " \
+            "the same cause and the same fix)"
+        kept[index[key]] = dataclasses.replace(first, related=tuple(related), message=message,
+                                               evidence={**first.evidence, "same_fix": same})
+    return kept
+
+
+_SAME_FIX = " (and "
+
+
+def _fix_key(finding: Finding) -> tuple | None:
+    suggestion = finding.suggestion
+    if suggestion is None or not suggestion.edits:
+        return None
+    source = finding.source
+    if any(not (e.file or source) for e in suggestion.edits if e.kind not in ("xla-flag",)):
+        return None  # an edit with no place in the program is no fix to compare
+    edits = tuple(
+        (e.kind, e.framework, e.target, e.spec, e.old_spec, e.file or (source.file if source else None),
+         e.line or (source.line if source else None), tuple(sorted((k, repr(v)) for k, v in e.details.items())))
+        for e in suggestion.edits)
+    return (finding.module, finding.rule, edits)
 
 
 def fold_symptoms(

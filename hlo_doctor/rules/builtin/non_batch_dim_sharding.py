@@ -17,7 +17,7 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._levers import flax_logical_rule, with_lever
+from hlo_doctor.rules._levers import flax_logical_rule, user_constraint_respec, with_lever
 from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -195,7 +195,13 @@ class NonBatchDimSharding(Rule):
             },
         )
         finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
-        return _at_flax_rules(ctx, finding, spec)
+        at_rules = _at_flax_rules(ctx, finding, spec)
+        if at_rules is not finding or finding.source is None:
+            return at_rules
+        # the user's own constraint a line on may be what splits the features
+        lever = user_constraint_respec(ctx.dump.run_record, finding.source.file, finding.source.line,
+                                       dot.shape.dims, batch_dim, spec, ctx.framework)
+        return with_lever(finding, lever, ctx.framework)
 
 
 def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:

@@ -7,15 +7,18 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.dataflow import DataflowGraph, build_graph
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
 from hlo_doctor.rules._levers import jax_argument_constraint, torch_input_marks, with_lever
+from hlo_doctor.rules._records import record_entries, user_line
+from hlo_doctor.rules._spec_sites import parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifier, torch_spec
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
-from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.opclasses import MATMULS
@@ -225,7 +228,7 @@ class ReplicatedBatch(Rule):
                 "activation_gather_wire_bytes_per_step": wire,
             },
         )
-        return _at_lever(ctx, finding, spec, variable)
+        return _at_lever(ctx, finding, spec, variable, (), rows)
 
     def _finding(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                  batch_axes: set[str], replicating: list[_Axis], activation_flops: float) -> Finding:
@@ -296,7 +299,8 @@ class ReplicatedBatch(Rule):
                                                        - batch_input.shape.byte_size // (split * factor)),
             },
         )
-        return _at_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable)
+        ordered = tuple(a for a in mesh.axis_names if a in batch_axes)
+        return _at_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable, ordered, rows)
 
 
 def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
@@ -378,15 +382,57 @@ def _contracting_axes(dot: Instruction, computation, mesh: Mesh) -> set[str]:  #
     return found
 
 
-def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str) -> Finding:
+def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, batch_axes: tuple[str, ...],
+              rows: int) -> Finding:
     """The batch sharding where the program sets it: torch_xla marks the model's inputs before the
-    call (and FSDPv2 wrappers get a shard_output); JAX constrains the traced function's argument."""
+    call (and FSDPv2 wrappers get a shard_output); JAX constrains the traced function's argument,
+    and rewrites the program's own constraints that pin the batch dim to fewer axes."""
     if ctx.framework == "torch_xla":
         return with_lever(finding, torch_input_marks(ctx.dump.run_record, spec), ctx.framework)
     if ctx.framework != "jax" or finding.suggestion is None:
         return finding
+    suggestion = finding.suggestion
     edit = jax_argument_constraint(ctx.program_path, ctx.traced_function, variable, spec)
     if edit is None:
         return dataclasses.replace(finding, suggestion=dataclasses.replace(
-            finding.suggestion, no_edit=f"the program's traced function with the argument {variable} was not found"))
-    return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))
+            suggestion, no_edit=f"the program's traced function with the argument {variable} was not found"))
+    pinned = _pinning_constraints(ctx.dump.run_record, batch_axes, rows)
+    if not pinned:
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, edits=(edit,)))
+    combined = spec[0]
+    edits, unresolved = [edit], []
+    for (file, line), old in pinned.items():
+        site = spec_site(file, line, old)
+        if site is None:
+            unresolved.append(f"{short_path(file)}:{line}")
+            continue
+        edits.append(SourceEdit("respec", "jax", spec=(tuple(combined), *old[1:]), old_spec=old, file=file,
+                                line=site.line))
+    where = ", ".join(f"{short_path(f)}:{n}" for f, n in pinned)
+    written = "(" + ", ".join(repr(a) for a in combined) + ")"
+    summary = (f"{suggestion.summary} The program's own constraints at {where} also put the batch dim on "
+               f"{'/'.join(repr(a) for a in batch_axes)} alone: write {written} for their batch dim too, or "
+               "they split it again after the input.")
+    if unresolved:
+        return dataclasses.replace(finding, suggestion=dataclasses.replace(
+            suggestion, summary=summary, edits=(),
+            no_edit=(f"the specs of the constraints at {', '.join(unresolved)} are not written as literals there: "
+                     f"write {written} for their batch dim by hand")))
+    return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, summary=summary,
+                                                                       edits=tuple(edits)))
+
+
+def _pinning_constraints(record, batch_axes: tuple[str, ...], rows: int) -> dict[tuple[str, int], tuple]:
+    """The user's lines whose recorded ``with_sharding_constraint`` puts a ``rows``-long dim 0 on
+    exactly ``batch_axes`` (the axes the batch is split over today), with the spec they write."""
+    found: dict[tuple[str, int], tuple] = {}
+    if not batch_axes:
+        return found
+    for call in record_entries(record, "sharding_calls"):
+        spec = parse_spec_text(str(call.get("spec", "")))
+        shape = call.get("shape") or ()
+        where = user_line(call)
+        if spec and where and shape and shape[0] == rows and spec[0] == batch_axes \
+                and call.get("function") == "with_sharding_constraint":
+            found.setdefault(where, spec)
+    return found

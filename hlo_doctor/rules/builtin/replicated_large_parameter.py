@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._batch import buffer_donors
-from hlo_doctor.rules._levers import keras_layout_key, nnx_partitioning, with_lever
+from hlo_doctor.rules._levers import keras_layout_key, nnx_partitioning, parameter_respec, with_lever
 from hlo_doctor.rules._program import recorded_parameter_path
 from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
@@ -226,4 +226,4 @@ def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, 
         return with_lever(finding, keras_layout_key(record, shape, spec, path), ctx.framework)
     if path is not None:
         return with_lever(finding, nnx_partitioning(ctx.program_path, path, spec), ctx.framework)
-    return finding
+    return with_lever(finding, parameter_respec(ctx.program_path, target, spec, ctx.framework), ctx.framework)
