@@ -36,8 +36,9 @@ def test_torch_xla_seed_is_diagnosed_with_a_mark_sharding_fix(tmp_path: Path) ->
     assert [s["rule"] for s in bad.findings[0].evidence["symptoms"]] == SEED_SYMPTOMS
     for finding in bad.findings:
         assert finding.suggestion is not None
-        # the real mesh axis names, recorded by the runner from xs.Mesh(...)
-        assert finding.suggestion.torch_xla == "xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))"
+        # the real mesh axis names, recorded by the runner from xs.Mesh(...); forward() reaches the
+        # mesh as self.mesh (MLP.__init__ stores it)
+        assert finding.suggestion.torch_xla == "xs.mark_sharding(h, self.mesh, (('fsdp', 'replica'), None))"
         assert finding.source is not None and finding.source.file.endswith("fsdp_activation_gather_torch_xla.py")
     fixed = diagnose(run_example("fsdp-activation-gather", framework="torch_xla", variant="fixed",
                                  dump_dir=tmp_path / "fixed").dump_dir)

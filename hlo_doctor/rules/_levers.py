@@ -21,6 +21,7 @@ code to show, or nothing when the program does not say enough.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hlo_doctor.findings import SourceEdit, SourceRef
-from hlo_doctor.rules._program import parsed_program
+from hlo_doctor.rules._program import parsed_program, program_text
 from hlo_doctor.rules._records import record_entries, user_line
 from hlo_doctor.rules._spec_sites import parameter_spec_site, parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
@@ -41,6 +42,7 @@ __all__ = [
     "nnx_partitioning",
     "parameter_respec",
     "torch_input_marks",
+    "mesh_construction_rewritten",
     "user_constraint_respec",
     "with_lever",
 ]
@@ -55,6 +57,8 @@ class Lever:
     edits: tuple[SourceEdit, ...]
     line: tuple[str, int] | None = None
     """the user's line the fix goes at, for a finding whose op carries no line of the user's code"""
+    then: bool = False
+    """keep the rule's own summary after this one (what the fix saves and costs)"""
 
 
 def _calls(tree: ast.AST, line: int) -> list[ast.Call]:
@@ -313,7 +317,8 @@ def nnx_partitioning(source_file: str | None, path: str, dims: Sequence[DimAxes]
                       line=node.lineno, details={"argument": argument})
     code = f"{argument}=nnx.with_partitioning(nnx.initializers.lecun_normal(), {spec})"
     summary = (f"Give {layer} partitioning metadata where line {node.lineno} makes it: {argument}=nnx.with_partitioning"
-               f"(..., {spec}), so nnx.get_partition_spec shards its {leaf} like the other weights")
+               f"(..., {spec}), so nnx.get_partition_spec shards its {leaf} like the other weights: each device holds its "
+               "shard, and the partitioner gathers it where it is used (a weight gather, which can be prefetched)")
     return Lever(summary, code, (edit,))
 
 
@@ -351,14 +356,16 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
         edits.append(SourceEdit("shard-output", "torch_xla", spec=spec_tuple(output_dims), file=where[0], line=line,
                                 details={"rank": 3, "attribute": "logits"}))
     if wrappers:
-        lines += ["def shard_output(output, mesh):",
-                  f"    xs.mark_sharding(output.logits if hasattr(output, 'logits') else output[0], mesh, "
-                  f"{torch_spec(output_dims)})",
+        batch_entry = torch_spec(dims[:1])[1:-2]  # "('replica', 'fsdp')"
+        lines += ["def shard_output(output, mesh):  # FSDPv2 calls it with the wrapped module's output",
+                  "    real = output.logits if hasattr(output, 'logits') else output",
+                  "    real = real[0] if isinstance(real, tuple) else real",
+                  f"    xs.mark_sharding(real, mesh, ({batch_entry},) + (None,) * (real.dim() - 1))",
                   "FSDPv2(module, mesh=mesh, shard_output=shard_output)"]
     summary = (f"Mark {', '.join(names)} over {torch_spec(dims[:1])[1:-2]} before the model is called at line {where[1]}"
                + (" and give each FSDPv2 wrapper a shard_output over the same axes (its default splits the output "
                   "over 'fsdp' alone)" if wrappers else ""))
-    return Lever(summary, "\n".join(lines), tuple(dict.fromkeys(edits)), where)
+    return Lever(summary, "\n".join(lines), tuple(dict.fromkeys(edits)), where, then=True)
 
 
 def _constructions(tree: ast.Module, class_name: str) -> list[int]:
@@ -395,8 +402,8 @@ def with_lever(finding: Any, lever: Lever | None, framework: str | None) -> Any:
     code = {"jax": finding.suggestion.jax, "torch_xla": finding.suggestion.torch_xla}
     if framework in code:
         code[framework] = lever.code
-    suggestion = dataclasses.replace(finding.suggestion, summary=lever.summary + ".", edits=lever.edits,
-                                     no_edit=None, **code)
+    summary = lever.summary + "." + (f" {finding.suggestion.summary}" if lever.then else "")
+    suggestion = dataclasses.replace(finding.suggestion, summary=summary, edits=lever.edits, no_edit=None, **code)
     source, message = finding.source, finding.message
     if source is None and lever.line is not None:
         source = SourceRef(lever.line[0], lever.line[1])
@@ -448,7 +455,8 @@ def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | 
     edit = SourceEdit("respec", framework, spec=new_spec, old_spec=old_spec, file=source_file, line=site.line)
     summary = (f"Line {line} constrains this value to {site.text}, which splits a feature dim and leaves batch dim "
                f"{batch_dim} whole on every device: write {written} where line {site.line} makes that spec, so the "
-               "value stays batch-sharded like its input")
+               "value stays batch-sharded like its input; the partitioner then gathers the weight instead, which "
+               "does not wait for the layer before and can be prefetched")
     return Lever(summary, code, (edit,))
 
 
@@ -470,3 +478,68 @@ def parameter_respec(program: str | None, argument: str, dims: Sequence[DimAxes]
                "holds its shard and the partitioner gathers the weight where it is used")
     return Lever(summary, code, (edit,))
 
+
+# -- the program's mesh construction, rewritten in its own style --------------------------
+
+_MESH_CALLS = {"Mesh": (0, 1), "make_mesh": (0, 1), "DeviceMesh": (0, 1), "HybridMesh": (None, None)}
+
+
+def mesh_construction_rewritten(source_file: str | None, line: int | None,
+                                details: Mapping[str, Any]) -> str | None:
+    """The mesh construction on ``line`` as it should read: its axes in the new order
+    (``details["permutation"]``: the old position of each new axis) with the shape permuted the
+    same way, or, for ``device_order: "host-major"``, the device array reshaped to the mesh
+    shape without its transpose. None when the construction is not one of the known forms.
+
+    ``Mesh(devices.reshape(2, n // 2), ("tp", "dp"))`` -> ``Mesh(devices.reshape(n // 2, 2), ('dp', 'tp'))``;
+    ``jax.make_mesh((4, 2), names)``, ``keras.distribution.DeviceMesh(shape, names)`` and
+    ``xs.Mesh(ids, shape, names)`` likewise.
+    """
+    tree = parsed_program(source_file)
+    text = program_text(source_file)
+    if tree is None or text is None or line is None:
+        return None
+    calls = [c for c in _calls(tree, line) if c.lineno == line and _callee(c) in ("Mesh", "make_mesh", "DeviceMesh")]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    torch_mesh = _callee(call) == "Mesh" and len(call.args) >= 3  # xs.Mesh(ids, shape, names)
+    shape_at, names_at = (1, 2) if torch_mesh else (0, 1)
+    if len(call.args) <= names_at or not isinstance(call.args[names_at], (ast.Tuple, ast.List)):
+        return None
+    new = copy.deepcopy(call)
+    names = new.args[names_at]
+    shape = new.args[shape_at]
+    if "permutation" in details:
+        order = list(details["permutation"])
+        if len(order) != len(names.elts):  # type: ignore[attr-defined]
+            return None
+        names.elts = [names.elts[i] for i in order]  # type: ignore[attr-defined]
+        if isinstance(shape, (ast.Tuple, ast.List)) and len(shape.elts) == len(order):
+            shape.elts = [shape.elts[i] for i in order]
+        elif _reshape(shape) is not None and len(_reshape(shape).args) == len(order):  # type: ignore[union-attr]
+            reshape = _reshape(shape)
+            reshape.args = [reshape.args[i] for i in order]  # type: ignore[union-attr]
+        else:
+            return None
+    elif details.get("device_order") == "host-major" and "shape" in details:
+        base = shape.value if isinstance(shape, ast.Attribute) and shape.attr == "T" else None
+        reshape = _reshape(base) if base is not None else None
+        if reshape is None:
+            return None
+        reshape.args = [ast.Constant(int(v)) for v in details["shape"]]
+        new.args[shape_at] = base
+    else:
+        return None
+    segment = ast.get_source_segment(text, call)
+    lines = text.splitlines()
+    if segment is None or call.end_lineno != call.lineno:
+        return None
+    return lines[line - 1].strip().replace(segment, ast.unparse(new), 1)
+
+
+def _reshape(node: ast.expr | None) -> ast.Call | None:
+    """``X.reshape(...)`` (the call), or None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reshape":
+        return node
+    return None

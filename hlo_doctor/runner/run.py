@@ -179,15 +179,18 @@ def run_example(
     echo_stderr: bool = False,
     timeout: float | None = None,
     target: str | Target | TpuTarget | None = None,
+    script: str | Path | None = None,
 ) -> RunResult:
     """Run one gallery example (see ``hlo_doctor.examples``) through :func:`run_script`.
 
     ``target`` (``"a100:2x8"``) compiles it deviceless for that GPU cluster; an
     example that only makes sense on a GPU uses its first target by default.
+    ``script``: a copy of the example's program to run instead (a patched one), with
+    the example's arguments, devices and flags.
     """
     example = get_example(name)
     framework = normalize_framework(framework)
-    script = example.script(framework)
+    script = Path(script) if script is not None else example.script(framework)
     if variant not in example.variants:
         raise ConfigurationError(
             f"example {name!r} has variants {', '.join(example.variants)}; not {variant!r}"

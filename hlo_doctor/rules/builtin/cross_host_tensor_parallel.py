@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
+from hlo_doctor.rules._levers import mesh_construction_rewritten
 from hlo_doctor.rules._records import record_entries, user_line
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -149,6 +150,13 @@ class CrossHostTensorParallel(Rule):
         tp_axes = tuple(axes) if axes else ()
         summary, jax_code, torch_code = _mesh_fix(mesh, tp_axes, per_host, ctx.num_partitions)
         edits, no_edit = _mesh_edit(ctx, tp_axes)
+        rewritten = mesh_construction_rewritten(edits[0].file, edits[0].line, edits[0].details) if edits else None
+        if rewritten is not None:  # the program's own construction, as it should read
+            code = f"{rewritten}  # line {edits[0].line}: {'/'.join(repr(a) for a in tp_axes)} over one host's devices"
+            if ctx.framework == "torch_xla":
+                torch_code = f"{code}\n# or: {torch_code}"
+            else:
+                jax_code = "\n".join([code, *jax_code.splitlines()[1:]])  # and the hybrid-mesh alternative
         order = device_map.logical_to_physical
         if mesh is not None and tp_axes and mesh.axis_names[-len(tp_axes):] == tp_axes and not device_map.is_identity:
             # the axes are right; the device array is not in host order (e.g. a transposed reshape)
@@ -217,7 +225,8 @@ def _mesh_fix(mesh, tp_axes: Sequence[str], per_host: int | None, num_devices: i
         summary = (f"{tp_text} has {tp_size} devices but a host has {per_host}: shrink tensor parallelism to fit "
                    f"in a host (use the rest as data parallelism / FSDP) and make it the last mesh axis.")
     jax_code = (
-        f"mesh = jax.make_mesh({shape_text}, {names_text})  # {tp_text} last: its groups stay inside a host\n"
+        f"mesh = Mesh(mesh_utils.create_device_mesh({shape_text}), {names_text})  # {tp_text} last: its groups stay "
+        "inside a host (from jax.experimental import mesh_utils)\n"
         f"# or: mesh = Mesh(mesh_utils.create_hybrid_device_mesh({_tuple(ici)}, {_tuple(tuple(dcn))}), {names_text})"
     )
     torch_code = (
@@ -234,15 +243,18 @@ def _mesh_edit(ctx: RuleContext, tp_axes: Sequence[str]) -> tuple[tuple[SourceEd
     framework = ctx.framework
     if mesh is None or mesh.is_inferred or not tp_axes or framework not in ("jax", "torch_xla"):
         return (), "the mesh's axis names or the framework are not known"
-    made = [e for e in record_entries(ctx.dump.run_record, "meshes")
-            if tuple(e.get("axis_names") or ()) == mesh.axis_names]
+    # Keras builds its jax Mesh lazily from the program's DeviceMesh: the DeviceMesh is the lever
+    keras = [e for e in record_entries(ctx.dump.run_record, "keras", "meshes")
+             if tuple(e.get("axis_names") or ()) == mesh.axis_names]
+    made = keras or [e for e in record_entries(ctx.dump.run_record, "meshes")
+                     if tuple(e.get("axis_names") or ()) == mesh.axis_names]
     where = user_line(made[0]) if len(made) == 1 else None
     if where is None:
         return (), "the runner's record does not say which line of the program builds this mesh"
     file, line = where
     names = mesh.axis_names
     if names[-len(tp_axes):] == tuple(tp_axes):
-        details: dict[str, object] = {"device_order": "host-major"}
+        details: dict[str, object] = {"device_order": "host-major", "shape": mesh.axis_sizes}
     else:
         order = [a for a in names if a not in tp_axes] + [a for a in names if a in tp_axes]
         details = {"axis_names": tuple(order), "shape": tuple(mesh.axis_size(a) for a in order),

@@ -347,20 +347,22 @@ def _flag_text(value: object) -> str:
     return str(value)
 
 
-# The fix adds flags to XLA_FLAGS, keeping the others (a flag's last value wins).
+# The schedule fix adds a flag to XLA_FLAGS, keeping the others (a flag's last value wins).
 _APPEND = ('os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " {flags}"\n'
            '# in a shell: XLA_FLAGS="$XLA_FLAGS {flags}" python train.py')
 
 
 def _flag_suggestion(flags: list[_Flag], framework: str | None) -> Suggestion:
     spelled = " ".join(f.spelled for f in flags)
-    fixes = []
-    for flag in flags:
-        if flag.name == "xla_gpu_disable_async_collectives":
-            fixes.append(f"--{flag.name}=")
-        else:
-            fixes.append(f"--{flag.name}=true")
-    code = _APPEND.format(flags=" ".join(fixes)) + "\n# or remove the flags: async collectives are the default"
+    names = tuple(f"--{f.name}" for f in flags)
+    # Removing the flags restores XLA's default (async collectives); an empty list value such as
+    # --xla_gpu_disable_async_collectives= is not a value XLA's flag parser accepts.
+    prefixes = names[0] + "=" if len(names) == 1 else "(" + ", ".join(f'"{n}="' for n in names) + ")"
+    quoted = f'"{prefixes}"' if len(names) == 1 else prefixes
+    code = ('# before JAX / torch_xla starts its backend (at the top of the program):\n'
+            'os.environ["XLA_FLAGS"] = " ".join(\n'
+            f'    f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith({quoted}))\n'
+            f"# in a shell: remove {spelled} from XLA_FLAGS")
     edits = tuple(SourceEdit("xla-flag", framework, details={"flag": f"--{f.name}", "spelled": f.spelled})
                   for f in flags) if framework in ("jax", "torch_xla") else ()
     return Suggestion(summary=f"Remove {spelled} from XLA_FLAGS so collectives run asynchronously and overlap "
