@@ -74,7 +74,8 @@ CASES = [
          value="('data', 'fsdp')"),
     Case("sync-collective", "jax", "sync-collective/jax-h100_2x8-bad", target="h100:2x8", needs=("jax_plugins",)),
     Case("flax-linen-rules", "jax", "flax-linen-rules/jax-shardy-bad", "shardy", needs=("flax", "optax")),
-    Case("flax-nnx-partitioning", "jax", "flax-nnx-partitioning/jax-shardy-bad", "shardy", needs=("flax", "optax")),
+    Case("flax-nnx-partitioning", "jax", "flax-nnx-partitioning/jax-shardy-bad", "shardy", needs=("flax", "optax"),
+         verbatim=False, value="kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ('fsdp', None))"),
     Case("keras-layout-map", "jax", "keras-layout-map/jax-shardy-bad", "shardy", needs=("keras", "keras_hub")),
     Case("keras-model-axis-across-hosts", "jax", "keras-model-axis-across-hosts/jax-shardy-bad", "shardy",
          needs=("keras", "keras_hub")),
@@ -162,7 +163,13 @@ def test_the_printed_fix_removes_the_finding(case: Case, tmp_path: Path) -> None
     assert not after.errors, after.errors
     left = [f"{f.rule}: {f.message}" for f in after.findings if f.rule in targeted]
     assert not left, left
-    new = [f"{f.rule}: {f.message}" for f in after.findings if f.severity is not Severity.INFO]
+    # A finding the fixed twin (the recipe the family documents) also has is no new problem of the
+    # fix: hf-1d-params' fixed twin, the expert's recipe, keeps its o_proj non-batch-dim dots.
+    twin = fixture.parent / fixture.name.replace("-bad", "-fixed")
+    accepted = {f["rule"] for f in json.loads((twin / "expected_findings.json").read_text())["findings"]} \
+        if (twin / "expected_findings.json").is_file() else set()
+    new = [f"{f.rule}: {f.message}" for f in after.findings
+           if f.severity is not Severity.INFO and f.rule not in accepted]
     assert not new, new
 
 

@@ -183,8 +183,9 @@ def test_replicated_large_parameter_names_the_fsdp_axis():
     assert "unembed" in finding.message
     assert finding.evidence["bytes"] == 16 * 2**20
     assert finding.evidence["bytes_saved_per_device"] == 12 * 2**20
-    assert "P(None, 'fsdp')" in finding.suggestion.jax
-    assert finding.suggestion.torch_xla == "xs.mark_sharding(unembed, mesh, (None, 'fsdp'))"
+    # the contracting dim: its matmul's activation is batch-sharded over 'fsdp' (rules/_weight_dim.py)
+    assert "P('fsdp', None)" in finding.suggestion.jax
+    assert finding.suggestion.torch_xla == "xs.mark_sharding(unembed, mesh, ('fsdp', None))"
 
 
 def test_replicated_large_parameter_threshold_option():

@@ -59,6 +59,8 @@ class Lever:
     """the user's line the fix goes at, for a finding whose op carries no line of the user's code"""
     then: bool = False
     """keep the rule's own summary after this one (what the fix saves and costs)"""
+    no_edit: str | None = None
+    """why the edits are not given, when the code is right but its place cannot be edited safely"""
 
 
 def _calls(tree: ast.AST, line: int) -> list[ast.Call]:
@@ -346,9 +348,25 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
     if not names:
         return None
     spec = spec_tuple(dims)
-    edits = [SourceEdit("constrain", "torch_xla", target=n, spec=spec, file=where[0], line=where[1],
-                        details={"position": "before"}) for n in names]
-    lines = [f"xs.mark_sharding({n}, mesh, {torch_spec(dims)})" for n in names]
+    marked = _earlier_marks(record, tree, where, names)
+    edits: list[SourceEdit] = []
+    lines: list[str] = []
+    unresolved = []
+    for n in names:
+        if n in marked:  # torch_xla refuses a second mark: the program's own mark is the one to change
+            line, old = marked[n]
+            site = spec_site(where[0], line, old)
+            if site is None:
+                unresolved.append(f"line {line}")
+            else:
+                edits.append(SourceEdit("respec", "torch_xla", target=n, spec=spec, old_spec=old, file=where[0],
+                                        line=site.line))
+            lines += [f"xs.clear_sharding({n})  # line {line} marks it {torch_spec(old)}",
+                      f"xs.mark_sharding({n}, mesh, {torch_spec(dims)})"]
+            continue
+        edits.append(SourceEdit("constrain", "torch_xla", target=n, spec=spec, file=where[0], line=where[1],
+                                details={"position": "before"}))
+        lines.append(f"xs.mark_sharding({n}, mesh, {torch_spec(dims)})")
     wrapped = any(str(c.get("module_class", "")).endswith(_FSDPV2) for c in calls)
     wrappers = _constructions(tree, _FSDPV2) if wrapped else []
     output_dims: list[DimAxes] = [dims[0], None, None]
@@ -362,10 +380,35 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
                   "    real = real[0] if isinstance(real, tuple) else real",
                   f"    xs.mark_sharding(real, mesh, ({batch_entry},) + (None,) * (real.dim() - 1))",
                   "FSDPv2(module, mesh=mesh, shard_output=shard_output)"]
+    no_edit = None
+    if unresolved:  # a part of the fix cannot be made: none of it is (marks before the call fail on marked inputs)
+        no_edit = (f"the program's marks at {', '.join(unresolved)} write their spec through names: change them by "
+                   "hand (or clear them before the call, as the code shows)")
     summary = (f"Mark {', '.join(names)} over {torch_spec(dims[:1])[1:-2]} before the model is called at line {where[1]}"
+               + (f" ({', '.join(n for n in names if n in marked)} already marked: clear that mark or change it "
+                  "where the program makes it)" if marked else "")
                + (" and give each FSDPv2 wrapper a shard_output over the same axes (its default splits the output "
                   "over 'fsdp' alone)" if wrappers else ""))
-    return Lever(summary, "\n".join(lines), tuple(dict.fromkeys(edits)), where, then=True)
+    return Lever(summary, "\n".join(lines), () if no_edit else tuple(dict.fromkeys(edits)), where, then=True,
+                 no_edit=no_edit)
+
+
+def _earlier_marks(record: Mapping[str, Any] | None, tree: ast.Module, where: tuple[str, int],
+                   names: Sequence[str]) -> dict[str, tuple[int, tuple]]:
+    """The program's own ``xs.mark_sharding(name, ...)`` before the model call, by variable: the
+    line the runner recorded and the spec it wrote."""
+    marks: dict[str, tuple[int, tuple]] = {}
+    for call in record_entries(record, "sharding_calls"):
+        line = user_line(call)
+        spec = parse_spec_text(str(call.get("spec", "")))
+        if call.get("function") != "mark_sharding" or line is None or spec is None or line[0] != where[0] \
+                or line[1] >= where[1]:
+            continue
+        for node in _calls(tree, line[1]):
+            if _callee(node) == "mark_sharding" and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in names:
+                marks.setdefault(node.args[0].id, (line[1], spec))
+    return marks
 
 
 def _constructions(tree: ast.Module, class_name: str) -> list[int]:
@@ -403,7 +446,8 @@ def with_lever(finding: Any, lever: Lever | None, framework: str | None) -> Any:
     if framework in code:
         code[framework] = lever.code
     summary = lever.summary + "." + (f" {finding.suggestion.summary}" if lever.then else "")
-    suggestion = dataclasses.replace(finding.suggestion, summary=summary, edits=lever.edits, no_edit=None, **code)
+    suggestion = dataclasses.replace(finding.suggestion, summary=summary, edits=lever.edits, no_edit=lever.no_edit,
+                                     **code)
     source, message = finding.source, finding.message
     if source is None and lever.line is not None:
         source = SourceRef(lever.line[0], lever.line[1])

@@ -119,7 +119,7 @@ def _sharding_argument(call: ast.Call) -> ast.expr | None:
 def _unique(tree: ast.Module, node: ast.expr, line: int, old_spec: Spec, path: str | None) -> SpecSite | None:
     wanted = normalize(old_spec)
     found = {(c.lineno, c.col_offset): c for c in _spec_literals(tree, node, line, 0)}
-    matches = [c for c in found.values() if (s := _literal_spec(c.args)) is not None and normalize(s) == wanted]
+    matches = [c for c in found.values() if (s := _written_spec(c)) is not None and normalize(s) == wanted]
     if len(matches) != 1 or path is None:
         return None
     call = matches[0]
@@ -127,16 +127,26 @@ def _unique(tree: ast.Module, node: ast.expr, line: int, old_spec: Spec, path: s
     lines = source.splitlines()
     line_text = lines[call.lineno - 1] if call.lineno <= len(lines) else ""
     text = ast.get_source_segment(source, call) or ""
-    spec = _literal_spec(call.args)
+    spec = _written_spec(call)
     assert spec is not None
     return SpecSite(call.lineno, text, spec, line_text)
 
 
-def _spec_literals(tree: ast.Module, node: ast.expr, line: int, hops: int) -> Iterator[ast.Call]:
-    """The P(...) calls ``node`` may evaluate to, following names to their latest assignment."""
+def _written_spec(node: ast.expr) -> Spec | None:
+    """The spec a ``P(...)`` call or a torch_xla tuple partition spec writes, when literal."""
+    if isinstance(node, ast.Call):
+        return _literal_spec(node.args)
+    if isinstance(node, ast.Tuple):
+        return _literal_spec(node.elts)
+    return None
+
+
+def _spec_literals(tree: ast.Module, node: ast.expr, line: int, hops: int) -> Iterator[ast.expr]:
+    """The P(...) calls (or torch_xla spec tuples) ``node`` may evaluate to, following names to
+    their latest assignment."""
     if hops > _MAX_HOPS:
         return
-    if isinstance(node, ast.Call) and _callee(node) in _SPEC_CALLS:
+    if isinstance(node, ast.Call) and _callee(node) in _SPEC_CALLS or isinstance(node, ast.Tuple):
         yield node
     elif isinstance(node, ast.Call) and _callee(node) == "NamedSharding" and len(node.args) >= 2:
         yield from _spec_literals(tree, node.args[1], line, hops + 1)

@@ -72,11 +72,13 @@ class CrossHostTensorParallel(Rule):
 
     Build the mesh so that the TP axis is the minor (last) axis and fits in
     one host, with the devices in host order; keep data parallelism / FSDP
-    across hosts.
+    across hosts. The fix is the program's own mesh construction (the line the
+    runner recorded), its axes and shape permuted or its transpose dropped;
+    for a Keras program, its ``DeviceMesh``.
 
     ```python
-    # JAX: 'tp' last, its groups inside a host
-    mesh = jax.make_mesh((4, 2), ('dp', 'tp'))
+    # JAX: the program's Mesh(devices.reshape(2, n // 2), ('tp', 'dp')), 'tp' last
+    mesh = Mesh(devices.reshape(n // 2, 2), ('dp', 'tp'))
     # or explicitly: per-host (ICI) shape and across-host (DCN) shape
     mesh = Mesh(mesh_utils.create_hybrid_device_mesh((2, 2), (2, 1)), ('dp', 'tp'))
     # torch_xla

@@ -69,13 +69,21 @@ class NonBatchDimSharding(Rule):
     **Fix**
 
     Constrain the dot's output to the batch sharding of the input (with the
-    mesh's real axis names).
+    mesh's real axis names), right after the line that assigns it, naming the
+    variable that line assigns. Where the program itself decides the sharding,
+    the fix goes there instead: a constraint of the program's own a few lines
+    on that splits a feature dim gets its spec rewritten where the program
+    writes the ``P(...)`` (followed back through names); in a Flax linen
+    program, the batch's logical axis rule moves ahead of the rules that claim
+    the same mesh axis (``nn.logical_axis_rules``).
 
     ```python
     # JAX
     h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))
     # torch_xla
     xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))
+    # Flax linen: the batch rule first
+    rules = [('batch', 'data'), ('embed', 'data'), ('mlp', None)]
     ```
 
     **Options**

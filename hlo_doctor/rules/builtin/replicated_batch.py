@@ -97,7 +97,12 @@ class ReplicatedBatch(Rule):
 
     Shard the batch over the combined axes: the data input (``in_shardings``,
     ``device_put``, ``mark_sharding``), and for FSDPv2 the wrapper's
-    ``shard_output``.
+    ``shard_output``. In JAX the traced function's argument is constrained as
+    the function starts, and the program's own constraints that put the batch
+    dim on fewer axes (the runner records them) are named: they split it again
+    otherwise. In torch_xla the model's inputs are marked before the model is
+    called (an input the program already marked is cleared first: torch_xla
+    refuses a second mark), and every FSDPv2 wrapper gets a ``shard_output``.
 
     ```python
     # JAX
@@ -106,7 +111,9 @@ class ReplicatedBatch(Rule):
     xs.mark_sharding(input_ids, mesh, (('replica', 'fsdp'), None))
     # FSDPv2: shard the outputs over both axes, not 'fsdp' alone
     def shard_output(output, mesh):
-        xs.mark_sharding(output.logits, mesh, (('replica', 'fsdp'), None, None))
+        real = output.logits if hasattr(output, 'logits') else output
+        real = real[0] if isinstance(real, tuple) else real
+        xs.mark_sharding(real, mesh, (('replica', 'fsdp'),) + (None,) * (real.dim() - 1))
     ```
 
     **Options**

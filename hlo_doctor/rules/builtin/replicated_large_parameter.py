@@ -6,12 +6,14 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._batch import buffer_donors
 from hlo_doctor.rules._levers import keras_layout_key, nnx_partitioning, parameter_respec, with_lever
 from hlo_doctor.rules._program import recorded_parameter_path
 from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
+from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes
@@ -54,14 +56,23 @@ class ReplicatedLargeParameter(Rule):
 
     **Fix**
 
-    Shard it like the other weights: over the FSDP axis, on its largest
-    dimension that the axis size divides.
+    Shard it like the other weights, over their axis, on the dim its forward
+    matmul asks for: the contracting dim when the activation it meets is split
+    over the same axis (FSDP: otherwise propagation splits the output's
+    features), else the Megatron pairing (free dim for the first matmul of a
+    pair, contracting for the second); the largest dim that divides when no
+    matmul reads it. Written where the program sets the parameter's sharding:
+    the ``P()`` of its ``jax.ShapeDtypeStruct``/``device_put``; a Keras
+    ``LayoutMap`` key that matches the variable; ``nnx.with_partitioning`` on
+    the NNX layer's initializer.
 
     ```python
     # JAX
     unembed = jax.device_put(unembed, NamedSharding(mesh, P('fsdp', None)))
     # torch_xla
     xs.mark_sharding(model.unembed.weight, mesh, ('fsdp', None))
+    # Keras: a key the variable's path matches
+    layout_map[r"decoder_block_\d+/ffw_linear/kernel"] = ('model', None)
     ```
 
     **Options**
@@ -74,7 +85,7 @@ class ReplicatedLargeParameter(Rule):
     id = "replicated-large-parameter"
     cause_rank = 50
     severity = Severity.WARNING
-    reads = frozenset({"per_device"})
+    reads = frozenset({"per_device", "sharded"})
     summary = "A large parameter is fully replicated while comparable parameters are sharded."
     Options = ReplicatedLargeParameterOptions
 
@@ -125,7 +136,9 @@ class ReplicatedLargeParameter(Rule):
         shape = ctx.global_parameter_shapes[param.parameter_number]
         name = _user_name(ctx, param)
         dims = sorted(range(shape.rank), key=lambda d: (-shape.dims[d], d))
-        dim = next((d for d in dims if shape.dims[d] % shard_count == 0), None)
+        dim = _dim_from_uses(ctx, param, shape.dims, axes, shard_count)
+        if dim is None:  # no matmul decides: the largest dim that divides
+            dim = next((d for d in dims if shape.dims[d] % shard_count == 0), None)
         per_device = shape.byte_size // shard_count if shard_count else shape.byte_size
         spec: list = [None] * shape.rank
         axis_names = tuple(axes) if axes else (f"<axis of size {shard_count}>",)
@@ -164,6 +177,18 @@ class ReplicatedLargeParameter(Rule):
             },
         )
         return _at_lever(ctx, finding, name, shape.dims, spec, edit_target) if dim is not None else finding
+
+
+def _dim_from_uses(ctx: RuleContext, param: Instruction, shape, axes, shard_count: int) -> int | None:
+    """The dim the weight's forward matmul asks for (see rules._weight_dim), read where the
+    shardings of its neighbours are global: the snapshot after propagation."""
+    module = ctx.sharded
+    if not axes or module is None or module.entry is None:
+        return None
+    twin = next((p for p in module.entry.parameters() if p.parameter_number == param.parameter_number), None)
+    if twin is None or tuple(twin.shape.dims) != tuple(shape):
+        return None
+    return weight_shard_dim(build_graph(module), twin, shape, axes, shard_count, ctx.mesh)
 
 
 def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None]:

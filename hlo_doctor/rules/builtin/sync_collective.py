@@ -148,8 +148,11 @@ class SyncCollective(Rule):
     layer's all-gather early (FSDP prefetch), or split the computation.
 
     ```python
-    # JAX or torch_xla (GPU): drop --xla_gpu_disable_async_collectives from XLA_FLAGS, or
-    # append the flags that turn overlap back on (the last value of a flag wins), keeping the others:
+    # JAX or torch_xla (GPU), before the backend starts: drop the flag, keep the others
+    # (an empty value, --xla_gpu_disable_async_collectives=, is rejected by XLA's flag parser)
+    os.environ["XLA_FLAGS"] = " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_gpu_disable_async_collectives="))
+    # a schedule that leaves a collective exposed: append the scheduler flag (the last value wins)
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_latency_hiding_scheduler=true"
     # in a shell: XLA_FLAGS="$XLA_FLAGS --xla_gpu_enable_latency_hiding_scheduler=true" python train.py
     ```
