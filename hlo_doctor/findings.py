@@ -78,7 +78,9 @@ class SourceEdit:
     * ``logical-rule``: the Flax logical axis rules on ``file``:``line``; ``details`` has
       ``logical`` (the logical axis name) and ``mesh_axes`` (its new mesh axes, major first).
     * ``layout-map-key``: the Keras ``LayoutMap`` assigned on ``file``:``line``; ``details`` has
-      ``key`` (a regex that matches ``target``, the variable path) and ``spec``.
+      ``key`` (a regex that matches ``target``, the variable path) and ``spec``, and, where the
+      runner recorded the variables, ``paths``: every variable the key matches (``target`` is the
+      first, so the findings of those variables make the same edit).
     * ``with-partitioning``: the initializer on ``file``:``line`` of the NNX parameter ``target``
       gets ``nnx.with_partitioning(init, spec)``.
     * ``shard-output``: the FSDPv2 wrapper on ``file``:``line`` gets a ``shard_output`` that marks

@@ -61,6 +61,114 @@ def test_fixes_use_the_variable_and_the_mesh_of_the_program(folder):
                     assert _axes(spec) <= set(names), (spec, names)
 
 
+def test_keras_parameters_are_named_by_their_variable_path():
+    """Keras' JAX trainer names parameters state[0][i]; the runner's record of the train step's
+    state gives their paths, and each LayoutMap key suggested is that variable's own: one key per
+    FFN kernel, which also covers the other layer's (one fix, one finding)."""
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
+    record = load_dump(folder).run_record
+    [state] = [s for s in record["keras"]["states"] if s["function"] == "train_step"]
+    trainable = state["groups"][0]["variables"]
+    program_keys = {e["key"] for e in record["keras"]["layouts"]}
+    matched = [v["path"] for v in record["keras"]["variables"] if v["matched_key"] is not None]
+    named = re.compile(r"parameter (\S+) \(state\[0\]\[(\d+)\]\) \(f32\[512,512\]")
+    findings = analyze_dump(folder, select=["replicated-large-parameter"]).findings
+    covered = []
+    for finding in findings:
+        (edit,) = finding.suggestion.edits
+        key = edit.details["key"]
+        assert (edit.kind, edit.line) == ("layout-map-key", 53)  # after the program's last key
+        assert key not in program_keys
+        assert not any(re.fullmatch(key, other) for other in matched)  # no variable gets two keys
+        assert finding.suggestion.jax.startswith(f'layout[r"{key}"] = (') and _axes(finding.suggestion.jax) == {"model"}
+        assert edit.spec in ((("model",), None), (None, ("model",)))
+        messages = [finding.message] + [same["message"] for same in finding.evidence.get("same_fix", ())]
+        paths = []
+        for message in messages:
+            name = named.match(message)
+            assert name is not None, message
+            path, index = name.group(1), int(name.group(2))
+            assert path == trainable[index]["path"] and re.fullmatch(r"decoder_block_\d/ffw_\w+/kernel", path)
+            assert re.search(key, path) and re.fullmatch(key, path)  # Keras 3.15 matches keys with fullmatch
+            paths.append(path)
+        assert tuple(sorted(paths)) == edit.details["paths"] and edit.target == edit.details["paths"][0]
+        covered += paths
+    assert len(findings) == 3 and len(covered) == 6  # the six FFN kernels, each under its own key
+    assert {f.suggestion.edits[0].details["key"] for f in findings} == {
+        r"decoder_block_\d+/ffw_gating/kernel", r"decoder_block_\d+/ffw_gating_2/kernel",
+        r"decoder_block_\d+/ffw_linear/kernel"}
+
+
+def test_positional_parameters_map_to_recorded_paths_only_when_the_shapes_agree():
+    """state[g][i] is variable i of group g of the traced step's recorded state; nnx.jit's
+    model.states[0][i] is leaf i. A shape that differs, another function or a missing shape: no name."""
+    from hlo_doctor.rules._program import recorded_parameter_path
+
+    variables = [{"path": "dense/kernel", "shape": [4, 8], "dtype": "float32"},
+                 {"path": "dense/bias", "shape": [8], "dtype": "float32"},
+                 {"path": "norm/scale", "shape": None, "dtype": "float32"}]
+    record = {"keras": {"states": [
+        {"function": "test_step", "groups": [{"name": "trainable_variables", "variables": variables[::-1]}]},
+        {"function": "train_step", "groups": [
+            {"name": "trainable_variables", "variables": variables},
+            {"name": "non_trainable_variables", "variables": []},
+            {"name": "optimizer_variables", "variables": [{"path": "sgd/iteration", "shape": [], "dtype": "int32"}]}]},
+    ]}, "nnx_jit_calls": [{"function": "train_step", "arguments": [
+        {"name": "model", "leaves": [{"index": 0, "path": "w_in/kernel", "shape": [4, 8]}]}]}]}
+    assert recorded_parameter_path(record, "train_step", "state[0][0]", (4, 8)) == "dense/kernel"
+    assert recorded_parameter_path(record, "train_step", "state[0][1]", (8,)) == "dense/bias"
+    assert recorded_parameter_path(record, "train_step", "state[2][0]", ()) == "sgd/iteration"
+    assert recorded_parameter_path(record, "test_step", "state[0][0]", ()) is None  # norm/scale: no shape recorded
+    assert recorded_parameter_path(record, "test_step", "state[0][2]", (4, 8)) == "dense/kernel"
+    assert recorded_parameter_path(record, "train_step", "state[0][0]", (8, 4)) is None  # shape mismatch
+    assert recorded_parameter_path(record, "train_step", "state[0][0]", None) is None
+    assert recorded_parameter_path(record, "train_step", "state[0][3]", (4, 8)) is None  # past the group
+    assert recorded_parameter_path(record, "train_step", "state[1][0]", (4, 8)) is None  # an empty group
+    assert recorded_parameter_path(record, "predict_step", "state[0][0]", (4, 8)) is None  # not recorded
+    assert recorded_parameter_path(record, "train_step", "data[0]", (4, 8)) is None
+    assert recorded_parameter_path(record, "train_step", "model.states[0][0]", (4, 8)) == "w_in/kernel"
+    assert recorded_parameter_path(record, "train_step", "model.states[0][0]", (8, 4)) is None
+    assert recorded_parameter_path({}, "train_step", "state[0][0]", (4, 8)) is None
+
+
+def test_the_layout_map_key_is_the_variables_own(tmp_path):
+    """The key generalizes the layer index only when every variable it then matches is unmatched
+    and of the same shape, and is no key the program has; else it is the path itself."""
+    from hlo_doctor.rules._levers import keras_layout_key
+
+    program = tmp_path / "train.py"
+    program.write_text("layout = LayoutMap(mesh)\nlayout['block_1/ffw/kernel'] = (None, 'model')\n")
+
+    def record(*variables, keys=("block_1/ffw/kernel",)):
+        return {"keras": {
+            "layouts": [{"key": k, "axes": [None, "model"], "stack": [{"file": str(program), "line": 2,
+                                                                      "function": "main"}]} for k in keys],
+            "variables": [{"path": p, "matched_key": m, "axes": None} for p, m, _ in variables],
+            "states": [{"function": "train_step", "groups": [{"name": "trainable_variables", "variables": [
+                {"path": p, "shape": list(shape), "dtype": "float32"} for p, _, shape in variables]}]}]}}
+
+    dims = (("model",), None)
+
+    def key(rec, path="block_0/ffw/kernel"):
+        lever = keras_layout_key(rec, (4, 8), dims, path)
+        return None if lever is None else lever.edits[0].details["key"]
+
+    two = [("block_0/ffw/kernel", None, (4, 8)), ("block_2/ffw/kernel", None, (4, 8))]
+    assert key(record(*two)) == r"block_\d+/ffw/kernel"
+    lever = keras_layout_key(record(*two), (4, 8), dims, "block_0/ffw/kernel")
+    assert lever.code == 'layout[r"block_\\d+/ffw/kernel"] = (\'model\', None)' and lever.edits[0].line == 2
+    assert lever.edits[0].details["paths"] == ("block_0/ffw/kernel", "block_2/ffw/kernel")
+    assert lever.edits[0].target == "block_0/ffw/kernel"  # the same edit for block_2's finding: one fix
+    # block_1's kernel matched the program's key: the pattern would give it two keys
+    assert key(record(*two, ("block_1/ffw/kernel", "block_1/ffw/kernel", (4, 8)))) == "block_0/ffw/kernel"
+    # another layer's kernel of another shape: one spec would not fit both
+    assert key(record(*two, ("block_3/ffw/kernel", None, (8, 8)))) == "block_0/ffw/kernel"
+    # a key the program already has is never suggested again: the path instead
+    assert key(record(*two, keys=(r"block_\d+/ffw/kernel",))) == "block_0/ffw/kernel"
+    # a variable a key did match is not replicated for a missing key
+    assert key(record(("block_0/ffw/kernel", "block.*", (4, 8)))) is None
+
+
 def test_the_variable_comes_from_the_line(tmp_path):
     """Hand-written source: the name assigned on a line, across continuation lines."""
     program = tmp_path / "prog.py"

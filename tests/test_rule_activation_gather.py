@@ -17,6 +17,11 @@ JAX_FIX = "h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp'
 TORCH_FIX = "xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))"
 
 
+def _in_program(code: str, variant: str) -> str:
+    """The torch_xla program's forward() reaches its mesh as self.mesh (MLP.__init__ stores it)."""
+    return code.replace("(mesh,", "(self.mesh,").replace("(h, mesh,", "(h, self.mesh,") if "torch" in variant else code
+
+
 def _findings(folder: Path, rule: str):
     report = analyze_dump(folder, select=[rule])
     assert not report.errors, report.errors
@@ -54,8 +59,8 @@ def test_seed_activation_gathers(variant):
     }
     assert h.evidence["weight_bytes"] == 128 * 960 * 4
     for finding in (x, h):
-        assert finding.suggestion.jax == JAX_FIX
-        assert finding.suggestion.torch_xla == TORCH_FIX
+        assert finding.suggestion.jax == _in_program(JAX_FIX, variant)
+        assert finding.suggestion.torch_xla == _in_program(TORCH_FIX, variant)
         assert "('fsdp', 'replica')" in finding.suggestion.summary
 
 
@@ -88,8 +93,8 @@ def test_seed_non_batch_dim_sharding(variant):
     assert (finding.evidence["batch_dim"], finding.evidence["sharded_dims"]) == (0, [1])
     assert finding.evidence["sharded_axes"] == [["fsdp"]]
     assert finding.evidence["input_batch_shards"] == 4
-    assert finding.suggestion.jax == JAX_FIX
-    assert finding.suggestion.torch_xla == TORCH_FIX
+    assert finding.suggestion.jax == _in_program(JAX_FIX, variant)
+    assert finding.suggestion.torch_xla == _in_program(TORCH_FIX, variant)
     assert finding.source is not None and finding.source.line == (
         program_line("fsdp_activation_gather_torch_xla.py", "h = self.fc1(x)") if variant.startswith("torch")
         else program_line("fsdp_activation_gather.py", "h = x @ w1.T + b1")
@@ -101,8 +106,11 @@ def test_non_batch_dim_sharding_fixture():
     finding = found["dot"]
     assert finding.evidence["dot"] == "dot_general.2"
     assert finding.evidence["sharded_axes"] == [["data"]]
-    assert finding.suggestion.jax == "h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P('data', None)))"
-    assert finding.suggestion.torch_xla == "xs.mark_sharding(h, mesh, ('data', None))"
+    # the program's own constraint at line 41 writes P(None, "data") (the hidden sharding, line 33):
+    # the fix is that spec, where the program writes it
+    assert finding.suggestion.jax == "hidden = batch if args.variant == \"fixed\" else NamedSharding(mesh, P('data', None))"
+    (edit,) = finding.suggestion.edits
+    assert (edit.kind, edit.line, edit.old_spec, edit.spec) == ("respec", 33, (None, ("data",)), (("data",), None))
     assert finding.source.line == 40
 
 

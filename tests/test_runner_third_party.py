@@ -255,6 +255,98 @@ def test_third_party_examples_name_their_extra():
         assert "third-party" in EXTRAS and extras_for(example.frameworks[0])
 
 
+_FAKE_KERAS_TRAINER = """
+class Array:
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+class Variable:
+    def __init__(self, path, *shape, dtype="float32"):
+        self.path, self.shape = path, shape
+        self.value = Array(shape, dtype)
+
+class JAXTrainer:  # keras/src/backend/jax/trainer.py's state builder, as in keras 3.15.1
+    def _get_jax_state(self, trainable_variables=False, non_trainable_variables=False,
+                       optimizer_variables=False, metrics_variables=False, purge_model_variables=False):
+        state = []
+        if trainable_variables:
+            state.append([v.value for v in self.trainable_variables])
+        if non_trainable_variables:
+            state.append([v.value for v in self.non_trainable_variables])
+        if optimizer_variables:
+            state.append([v.value for v in self.optimizer.variables])
+        if metrics_variables:
+            state.append([v.value for v in self.metrics_variables])
+        return tuple(state)
+"""
+
+_KERAS_TRAINER_SCRIPT = """
+import types
+import keras.src.backend.jax.trainer as trainer
+from keras.src.backend.jax.trainer import Variable
+
+class Model(trainer.JAXTrainer):
+    def __init__(self):
+        self.trainable_variables = [Variable("dense_0/kernel", 4, 8), Variable("dense_0/bias", 8)]
+        self.non_trainable_variables = [Variable("norm/mean", 8)]
+        self.metrics_variables = [Variable("loss/total")]
+        self.optimizer = types.SimpleNamespace(variables=[Variable("sgd/iteration", dtype="int32")])
+
+class Flaky(Model):
+    reads = 0
+
+    @property
+    def trainable_variables(self):  # the hook's second read fails: the user's call must not
+        Flaky.reads += 1
+        if Flaky.reads > 1:
+            raise RuntimeError("second read")
+        return [Variable("x/kernel", 2, 2)]
+
+    @trainable_variables.setter
+    def trainable_variables(self, value):
+        pass
+
+model = Model()
+for _ in range(3):  # train_on_batch in a loop: recorded once
+    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
+                                 optimizer_variables=True, metrics_variables=True)
+assert len(state) == 4
+model._get_jax_state(trainable_variables=True, non_trainable_variables=True, metrics_variables=True)
+model._get_jax_state(True, True)  # predict_on_batch's flags, positionally
+assert len(Flaky()._get_jax_state(trainable_variables=True)) == 1
+print("done")
+"""
+
+
+def test_the_child_records_the_state_each_keras_step_gets(tmp_path):
+    """Keras' JAX trainer passes its jitted step ``state``; the HLO's ``state[g][i]`` is variable i
+    of group g, recorded with its path, shape and dtype, once per layout; a failing read is an
+    instrumentation error, not the user's."""
+    lib = tmp_path / "lib"
+    for package in ("keras", "keras/src", "keras/src/backend", "keras/src/backend/jax"):
+        _write(lib / package / "__init__.py", "")
+    _write(lib / "keras" / "src" / "backend" / "jax" / "trainer.py", _FAKE_KERAS_TRAINER)
+    script = _write(tmp_path / "user" / "train.py", _KERAS_TRAINER_SCRIPT)
+    result = run_script(script, [], dump_dir=tmp_path / "dump", framework="jax",
+                        env=dict(os.environ, PYTHONPATH=str(lib)))
+    assert result.returncode == 0
+    sidecar = result.sidecar
+    train, test, predict = sidecar["keras"]["states"]
+    assert train["function"] == "train_step" and test["function"] == "test_step"
+    assert predict["function"] == "predict_step"
+    assert [g["name"] for g in train["groups"]] == ["trainable_variables", "non_trainable_variables",
+                                                    "optimizer_variables", "metrics_variables"]
+    assert [g["name"] for g in test["groups"]] == ["trainable_variables", "non_trainable_variables",
+                                                   "metrics_variables"]
+    assert train["groups"][0]["variables"] == [
+        {"path": "dense_0/kernel", "shape": [4, 8], "dtype": "float32"},
+        {"path": "dense_0/bias", "shape": [8], "dtype": "float32"}]
+    assert train["groups"][2]["variables"] == [{"path": "sgd/iteration", "shape": [], "dtype": "int32"}]
+    assert train["stack"][0]["line"] == 28
+    [error] = sidecar["instrumentation_errors"]
+    assert error["where"] == "_record_keras_state" and "second read" in error["error"]
+
+
 # --- with the real libraries -----------------------------------------------------------
 
 
@@ -265,6 +357,12 @@ def test_real_keras_run_records_the_unmatched_ffn_kernels(tmp_path):
     variables = {v["path"]: v["matched_key"] for v in sidecar["keras"]["variables"]}
     assert variables["decoder_block_0/ffw_gating/kernel"] is None
     assert variables["decoder_block_0/attention/query/kernel"] == "decoder_block.*attention.*(query|key|value).kernel"
+    [state] = [s for s in sidecar["keras"]["states"] if s["function"] == "train_step"]
+    trainable, _, optimizer, metrics = state["groups"]  # the HLO's state[0..3]
+    assert trainable["variables"][7] == {"path": "decoder_block_0/ffw_gating/kernel", "shape": [512, 512],
+                                         "dtype": "float32"}
+    assert [v["path"] for v in optimizer["variables"]] == ["sgd/iteration", "sgd/learning_rate"]
+    assert len(metrics["variables"]) == 4
     [mesh] = sidecar["keras"]["meshes"]
     assert mesh["axis_names"] == ["batch", "model"] and mesh["shape"] == [2, 4]
 

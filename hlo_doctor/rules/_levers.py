@@ -193,33 +193,85 @@ _INDEXED = re.compile(r"_\d+(?=/|$)")
 
 
 def keras_layout_key(record: Mapping[str, Any] | None, shape: Sequence[int],
-                     dims: Sequence[DimAxes]) -> Lever | None:
-    """``layout_map[key] = spec`` for the Keras variables of this shape no key matched.
+                     dims: Sequence[DimAxes], path: str | None = None) -> Lever | None:
+    """``layout_map[key] = spec`` for the Keras variable ``path`` that no key matched.
 
     The runner records every variable the distribution looked up and the key that matched it
-    (None: none did, so Keras replicated it). The key generalizes the layer index
-    (``decoder_block_\\d+/ffw_gating/kernel``) and goes after the program's last key.
+    (None: none did, so Keras replicated it), and the variables of each jitted step's state with
+    their shapes. The key generalizes the layer index (``decoder_block_\\d+/ffw_gating/kernel``)
+    when every variable it would then match is unmatched and of this shape, else it is the path
+    itself; it goes after the program's last key. The edit is the same for every variable the key
+    matches (one fix). Without ``path`` (a record without the state's variables), the unmatched
+    kernels are all named.
     """
-    variables = [v for v in record_entries(record, "keras", "variables") if v.get("matched_key") is None]
     layouts = list(record_entries(record, "keras", "layouts"))
     where = user_line(layouts[-1]) if layouts else None
     if where is None:
         return None
-    # Keras variables are recorded without shapes: match by the parameter's rank and the key's
-    # pattern only when exactly the unmatched kernels of this rank remain.
-    paths = sorted({_layer_pattern(str(v.get("path"))) for v in variables
-                    if str(v.get("path", "")).endswith("/kernel")})
+    covered: tuple[str, ...] = ()
+    if path is not None:
+        found = _keras_key(record, path, shape, {str(e.get("key")) for e in layouts})
+        if found is None:
+            return None
+        key, covered = found
+        paths = [key]
+    else:
+        # match by the key's pattern only: the unmatched kernels remain
+        variables = [v for v in record_entries(record, "keras", "variables") if v.get("matched_key") is None]
+        paths = sorted({_layer_pattern(str(v.get("path"))) for v in variables
+                        if str(v.get("path", "")).endswith("/kernel")})
     if not paths:
         return None
     spec = spec_tuple(dims)
     value = torch_spec(dims)
     mapping = _subscripted_name(where) or "layout_map"
     lines = [f'{mapping}[r"{p}"] = {value}' for p in paths]
-    edits = tuple(SourceEdit("layout-map-key", "jax", target=p, spec=spec, file=where[0], line=where[1],
-                             details={"key": p}) for p in paths)
-    summary = (f"No key of the LayoutMap matches {', '.join(paths)}, so Keras replicates {'them' if len(paths) > 1 else 'it'} "
-               f"on every device: add {'keys' if len(paths) > 1 else 'a key'} after line {where[1]}")
+    if path is not None:
+        # one key, one edit: every variable the key covers gets the same one (target: the first)
+        edits = (SourceEdit("layout-map-key", "jax", target=covered[0], spec=spec, file=where[0], line=where[1],
+                            details={"key": paths[0], "paths": covered}),)
+        also = [p for p in covered if p != path]
+        summary = (f"No key of the LayoutMap matches {path}, so Keras replicates it on every device: "
+                   f'add the key r"{paths[0]}" after line {where[1]}'
+                   + (f" (it also matches {', '.join(also)})" if also else ""))
+    else:
+        edits = tuple(SourceEdit("layout-map-key", "jax", target=p, spec=spec, file=where[0], line=where[1],
+                                 details={"key": p}) for p in paths)
+        summary = (f"No key of the LayoutMap matches {', '.join(paths)}, so Keras replicates "
+                   f"{'them' if len(paths) > 1 else 'it'} on every device: add "
+                   f"{'keys' if len(paths) > 1 else 'a key'} after line {where[1]}")
     return Lever(summary, "\n".join(lines), edits)
+
+
+def _keras_key(record: Mapping[str, Any] | None, path: str, shape: Sequence[int],
+               keys: set[str]) -> tuple[str, tuple[str, ...]] | None:
+    """The LayoutMap key for the unmatched variable ``path`` (its layer pattern, else the path)
+    and the recorded variables it matches, sorted.
+
+    Keras looks a path up as a key, then with ``re.fullmatch`` of every key, and refuses a path
+    two keys match; so a key counts only when each path the runner recorded that it matches is
+    unmatched (and of this shape, so one spec fits them all), and the program has no such key.
+    """
+    variables = {str(v.get("path")): v.get("matched_key") for v in record_entries(record, "keras", "variables")}
+    if variables.get(path) is not None:
+        return None  # a key matched it: that key's value, not a missing key, replicates it
+    shapes: dict[str, tuple[int, ...]] = {}
+    for state in record_entries(record, "keras", "states"):
+        for group in state.get("groups") or ():
+            for variable in (group.get("variables") or ()) if isinstance(group, Mapping) else ():
+                if isinstance(variable, Mapping) and isinstance(variable.get("shape"), list):
+                    shapes.setdefault(str(variable.get("path")), tuple(variable["shape"]))
+    for key in dict.fromkeys((_layer_pattern(path), re.escape(path))):
+        try:
+            pattern = re.compile(key)
+        except re.error:
+            continue
+        if key in keys or not pattern.fullmatch(path):
+            continue
+        matched = sorted({p for p in (*variables, *shapes, path) if pattern.fullmatch(p)})
+        if all(variables.get(p) is None and shapes.get(p, tuple(shape)) == tuple(shape) for p in matched):
+            return key, tuple(matched)
+    return None
 
 
 def _layer_pattern(path: str) -> str:

@@ -130,6 +130,7 @@ def program_mesh_axes(path: str | None, sizes: tuple[int, ...]) -> Names | None:
 
 
 _NNX_STATE = re.compile(r"^(\w+)\.states\[\d+\]\[(\d+)\]$")
+_KERAS_STATE = re.compile(r"^state\[(\d+)\]\[(\d+)\]$")
 
 
 def recorded_parameter_path(record: dict | None, traced: str | None, op_name: str | None,
@@ -137,11 +138,19 @@ def recorded_parameter_path(record: dict | None, traced: str | None, op_name: st
     """The variable path of a positionally named parameter, from the runner's record.
 
     ``nnx.jit`` names its parameters ``model.states[0][i]``; the runner records the state
-    leaves of each ``nnx.jit`` call in that order (``blocks/0/w_in/kernel``). The leaf counts
-    only when the call is the traced function's and its shape is the parameter's.
+    leaves of each ``nnx.jit`` call in that order (``blocks/0/w_in/kernel``). Keras 3's JAX
+    trainer names them ``state[g][i]``: variable ``i`` of group ``g`` of the state its jitted
+    ``train_step``/``test_step``/``predict_step`` gets (trainable variables first), which the
+    runner records per function (``keras.states``). The entry counts only when its function is
+    the traced one and its shape is the parameter's.
     """
-    match = _NNX_STATE.match(op_name or "")
-    if match is None or not isinstance(record, dict):
+    if not isinstance(record, dict) or not op_name:
+        return None
+    keras = _KERAS_STATE.match(op_name)
+    if keras is not None:
+        return _keras_state_path(record, traced, int(keras.group(1)), int(keras.group(2)), shape)
+    match = _NNX_STATE.match(op_name)
+    if match is None:
         return None
     argument, index = match.group(1), int(match.group(2))
     for call in record.get("nnx_jit_calls") or ():
@@ -152,7 +161,35 @@ def recorded_parameter_path(record: dict | None, traced: str | None, op_name: st
                 continue
             for leaf in recorded.get("leaves") or ():
                 if isinstance(leaf, dict) and leaf.get("index") == index and leaf.get("path"):
-                    if shape is not None and leaf.get("shape") is not None and tuple(leaf["shape"]) != tuple(shape):
-                        return None
-                    return str(leaf["path"])
+                    return _if_shape(leaf, shape)
     return None
+
+
+def _keras_state_path(record: dict, traced: str | None, group: int, index: int,
+                      shape: tuple[int, ...] | None) -> str | None:
+    keras = record.get("keras")
+    states = keras.get("states") if isinstance(keras, dict) else None
+    for state in states if isinstance(states, list) else ():
+        if not isinstance(state, dict) or state.get("function") != traced:
+            continue
+        groups = state.get("groups")
+        if not isinstance(groups, list) or group >= len(groups) or not isinstance(groups[group], dict):
+            continue
+        variables = groups[group].get("variables")
+        if isinstance(variables, list) and index < len(variables) and isinstance(variables[index], dict):
+            path = _if_shape(variables[index], shape, required=True)
+            if path is not None:
+                return path
+    return None
+
+
+def _if_shape(entry: dict, shape: tuple[int, ...] | None, required: bool = False) -> str | None:
+    """The entry's path, unless its recorded shape differs from the parameter's (or, ``required``,
+    either shape is unknown)."""
+    path = entry.get("path")
+    recorded = entry.get("shape")
+    if not path:
+        return None
+    if shape is None or not isinstance(recorded, list):
+        return None if required else str(path)
+    return str(path) if tuple(recorded) == tuple(shape) else None

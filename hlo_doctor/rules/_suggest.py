@@ -144,6 +144,7 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
             suggestion, edits=edits,
             no_edit="the dump records no line of your code for this op, so there is no line to constrain it at"))
     name = assigned_name(source.file, source.line)
+    mesh = mesh_expression(source.file, source.line)
     if name is None:
         note = f" (line {source.line} assigns no variable: bind its result to {placeholder} first)"
         if note in suggestion.summary:
@@ -152,9 +153,12 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
         no_edit = suggestion.no_edit
         if len(edits) < len(suggestion.edits):
             no_edit = f"line {source.line} assigns no variable to constrain"
+        jax_code, torch_code = suggestion.jax, suggestion.torch_xla
+        if mesh is not None and mesh != "mesh":
+            jax_code, torch_code = rename_value(jax_code, "mesh", mesh), rename_value(torch_code, "mesh", mesh)
         return dataclasses.replace(finding, suggestion=dataclasses.replace(
-            suggestion, summary=suggestion.summary + note, edits=edits, no_edit=no_edit))
-    mesh = mesh_expression(source.file, source.line)
+            suggestion, summary=suggestion.summary + note, edits=edits, no_edit=no_edit, jax=jax_code,
+            torch_xla=torch_code))
     edits = tuple(dataclasses.replace(e, target=name, mesh=mesh) if e.kind == "constrain" and e.target == placeholder
                   and e.file is None else e for e in suggestion.edits)
     jax_code = rename_value(suggestion.jax, placeholder, name)

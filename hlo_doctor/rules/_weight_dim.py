@@ -9,10 +9,12 @@ one creates a new problem (an activation split on its features, reshards):
   features (split on its free dim, the logits of an unembedding come out split
   over the vocabulary with the batch whole).
 * Tensor parallelism (the activation is not split over the weight's axes): the
-  Megatron pairing. A matmul whose result flows, through elementwise ops only,
-  into another matmul is the first of a pair: split its **free** dim (column
-  parallel); the matmul that ends the pair splits its **contracting** dim (row
-  parallel), so the pair needs one all-reduce.
+  Megatron pairing, read from the weight's forward matmul (the earliest in the
+  module). A matmul whose result flows, through elementwise ops only and not
+  normalized on the way (no ``reduce`` of it), into another matmul is the first
+  of a pair: split its **free** dim (column parallel); the matmul that ends the
+  pair splits its **contracting** dim (row parallel), so the pair needs one
+  all-reduce.
 
 The weight's uses are followed through layout ops (convert, copy, bitcast,
 transpose, with the dims permuted) to the dots that read it.
@@ -106,10 +108,13 @@ def _dot_uses(graph: DataflowGraph, start: NodeKey, rank: int) -> list[tuple[Nod
 
 
 def _feeds_a_dot(graph: DataflowGraph, dot_key: NodeKey) -> bool:
-    """Whether the dot's result reaches another dot through elementwise and layout ops only."""
+    """Whether the dot is the first of a pair: its result reaches another dot through elementwise
+    and layout ops only, and is not normalized on the way (a ``reduce`` of it: a residual stream
+    goes through a norm before the next layer's matmuls, the inside of an MLP does not)."""
     frontier = [dot_key]
     seen = {dot_key}
     steps = 0
+    reaches_dot = False
     while frontier and steps < _MAX_STEPS:
         key = frontier.pop()
         steps += 1
@@ -118,8 +123,10 @@ def _feeds_a_dot(graph: DataflowGraph, dot_key: NodeKey) -> bool:
                 continue
             seen.add(user)
             opcode = graph.instruction(user).opcode
+            if opcode == "reduce":
+                return False
             if opcode == "dot":
-                return True
-            if opcode not in NOT_ELEMENTWISE:
+                reaches_dot = True
+            elif opcode not in NOT_ELEMENTWISE:
                 frontier.append(user)
-    return False
+    return reaches_dot

@@ -20,10 +20,16 @@ Schema (version 1)::
      "module_trees": [{"module_class": ..., "modules": [{"path": "model.layers.0.self_attn.o_proj",
                        "class": ...}], "parameters": [{"path": ..., "shape": [...], "dtype": ...}],
                        "stack": [...]}],
-     # Keras 3's distribution API: DeviceMesh, LayoutMap keys, the key each variable matched
+     # Keras 3's distribution API: DeviceMesh, LayoutMap keys, the key each variable matched;
+     # the state of each jitted step of the JAX trainer: HLO's "state[g][i]" is
+     # groups[g].variables[i] of the entry whose function the module traces
      "keras": {"meshes": [{"axis_names": [...], "shape": [...], "devices": [...], "stack": [...]}],
                "layouts": [{"key": ..., "axes": [...], "stack": [...]}],
-               "variables": [{"path": ..., "matched_key": KEY | null, "axes": [...] | null}]},
+               "variables": [{"path": ..., "matched_key": KEY | null, "axes": [...] | null}],
+               "states": [{"function": "train_step" | "test_step" | "predict_step" | null,
+                           "groups": [{"name": "trainable_variables", "variables": [{"path":
+                           "decoder_block_0/ffw_gating/kernel", "shape": [...], "dtype": "float32"}]},
+                           ...], "stack": [...]}]},
      # Flax linen: the logical axis rules set (nn.logical_axis_rules, nn.set_logical_axis_rules)
      "flax_logical_rules": [{"function": ..., "rules": [["batch", "data"], ...], "stack": [...]}],
      # Flax NNX: per nnx.jit function, each graph argument's state paths; HLO's
@@ -219,7 +225,7 @@ def build_sidecar(
         ],
     }
     keras = {"meshes": _unique(events, "keras_mesh"), "layouts": _unique(events, "keras_layout"),
-             "variables": _unique(events, "keras_variable_layout")}
+             "variables": _unique(events, "keras_variable_layout"), "states": _unique(events, "keras_state")}
     if any(keras.values()):
         sidecar["keras"] = keras
     if target is not None:

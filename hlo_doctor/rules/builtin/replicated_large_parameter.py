@@ -231,13 +231,10 @@ def _first_user_with_source(ctx: RuleContext, module: HloModule, param: Instruct
     return param
 
 
-
-
-
-
 def _user_name(ctx: RuleContext, param: Instruction) -> str:
     """The parameter as the user knows it: its recorded variable path when the op_name is positional
-    (``nnx.jit``'s ``model.states[0][5]`` is ``unembed/kernel``), else its argument name."""
+    (``nnx.jit``'s ``model.states[0][5]`` is ``unembed/kernel``, Keras' ``state[0][7]`` is
+    ``decoder_block_0/ffw_gating/kernel``), else its argument name."""
     name = argument_name(param)
     shapes = ctx.global_parameter_shapes
     number = param.parameter_number
@@ -249,8 +246,9 @@ def _user_name(ctx: RuleContext, param: Instruction) -> str:
 def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, target: str) -> Finding:
     """Keras: the LayoutMap key its variable misses; Flax NNX: with_partitioning on its layer."""
     record = ctx.dump.run_record
+    path = name.split(" (")[0] if " (" in name else None  # a recorded variable path of a positional state
     if isinstance(record, dict) and record.get("keras"):
-        return with_lever(finding, keras_layout_key(record, shape, spec), ctx.framework)
-    if " (" in name:  # a recorded variable path: nnx.jit's positional state
-        return with_lever(finding, nnx_partitioning(ctx.program_path, name.split(" (")[0], spec), ctx.framework)
+        return with_lever(finding, keras_layout_key(record, shape, spec, path), ctx.framework)
+    if path is not None:
+        return with_lever(finding, nnx_partitioning(ctx.program_path, path, spec), ctx.framework)
     return with_lever(finding, parameter_respec(ctx.program_path, target, spec, ctx.framework), ctx.framework)

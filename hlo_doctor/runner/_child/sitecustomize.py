@@ -22,6 +22,11 @@ What it records, as JSON lines appended to the file named by
   ``DeviceMesh`` (axis names, shape, the user's line), each ``LayoutMap`` key
   set (its axes, the user's line), and for each variable path Keras looked up
   the key it matched (``null``: none, so Keras replicates it);
+* ``keras_state``: for each state layout Keras' JAX trainer builds for a jitted
+  step (``train_step``: trainable, non-trainable, optimizer and metrics
+  variables; ``test_step``: no optimizer's; ``predict_step``: the model's
+  only), once per model: each group's variable paths, shapes and dtypes in
+  order (the HLO's ``state[g][i]`` is variable i of group g);
 * ``flax_logical_rules``: the rules of each ``nn.logical_axis_rules`` /
   ``nn.set_logical_axis_rules`` call (Flax linen), with the user's stack;
 * ``nnx_jit_call``: for each function ``nnx.jit`` compiles, once: the flattened
@@ -390,6 +395,7 @@ _PATCHES = {
     "torch_xla.distributed.spmd.xla_sharding": _patch_torch_xla_sharding,
     "torch.nn.modules.module": _patch_torch_module,
     "keras.src.distribution.distribution_lib": _third_party("_patch_keras_distribution"),
+    "keras.src.backend.jax.trainer": _third_party("_patch_keras_jax_trainer"),
     "flax.core.spmd": _third_party("_patch_flax_spmd"),
     "flax.nnx.transforms.compilation": _third_party("_patch_nnx_compilation"),
 }

@@ -75,6 +75,61 @@ def _patch_keras_distribution(module) -> None:
     layout_class.__getitem__ = __getitem__
 
 
+# The groups of the state Keras' JAX trainer passes its jitted step (``_get_jax_state``'s flags,
+# in its order); the HLO names variable i of group g ``state[g][i]``.
+_KERAS_STATE_GROUPS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
+# the step each set of groups is built for (keras/src/backend/jax/trainer.py: train_on_batch, fit;
+# test_on_batch, evaluate; predict_on_batch, predict)
+_KERAS_STEPS = {
+    _KERAS_STATE_GROUPS: "train_step",
+    ("trainable_variables", "non_trainable_variables", "metrics_variables"): "test_step",
+    ("trainable_variables", "non_trainable_variables"): "predict_step",
+}
+_seen_keras_states: set[tuple] = set()
+
+
+@_guard
+def _record_keras_state(trainer, args, kwargs, state) -> None:
+    flags = dict(zip(_KERAS_STATE_GROUPS, args))
+    flags.update((name, kwargs[name]) for name in _KERAS_STATE_GROUPS if name in kwargs)
+    names = tuple(name for name in _KERAS_STATE_GROUPS if flags.get(name))
+    key = (id(trainer), names, tuple(len(group) for group in state))
+    if key in _seen_keras_states:
+        return
+    _seen_keras_states.add(key)
+    if len(state) != len(names):
+        raise ValueError(f"{len(state)} state groups for the flags {names}")
+    groups = []
+    for name, values in zip(names, state):
+        owner = trainer.optimizer if name == "optimizer_variables" else trainer
+        variables = list(getattr(owner, "variables" if name == "optimizer_variables" else name))
+        if len(variables) != len(values):
+            raise ValueError(f"{name}: {len(variables)} variables for {len(values)} state values")
+        recorded = []
+        for variable, value in list(zip(variables, values))[:_MAX_TREE]:
+            shape = getattr(value, "shape", None)
+            recorded.append({"path": str(getattr(variable, "path", "")),
+                             "shape": _ints(shape) if shape is not None else None,
+                             "dtype": str(getattr(value, "dtype", ""))})
+        groups.append({"name": name, "variables": recorded})
+    _emit({"event": "keras_state", "function": _KERAS_STEPS.get(names), "groups": groups,
+           "stack": _user_stack(3)})
+
+
+def _patch_keras_jax_trainer(module) -> None:
+    trainer_class = module.JAXTrainer
+    original = trainer_class._get_jax_state
+
+    def _get_jax_state(self, *args, **kwargs):
+        state = original(self, *args, **kwargs)
+        _record_keras_state(self, args, kwargs, state)
+        return state
+
+    _get_jax_state.__doc__ = original.__doc__
+    _get_jax_state.__wrapped__ = original
+    trainer_class._get_jax_state = _get_jax_state
+
+
 # --- Flax -------------------------------------------------------------------------
 
 
