@@ -152,3 +152,12 @@ def test_an_internal_error_is_a_refusal_and_the_other_edits_are_made(monkeypatch
     result = plan(PROGRAM, finding(SourceEdit("mesh", "jax", details={"shape": (8,)}), line=6), finding(A, line=7))
     assert result.refused[0].reason.startswith("internal error making the mesh edit (RuntimeError: boom)")
     assert len(result.applied) == 1 and "with_sharding_constraint(a," in result.patched[PATH]
+
+
+def test_a_gallery_program_recorded_by_another_checkout_is_read_from_this_package():
+    from hlo_doctor.examples.registry import PROGRAMS
+
+    recorded = "/no/such/checkout/hlo_doctor/examples/programs/fsdp_activation_gather.py"
+    edit = SourceEdit("constrain", "jax", target="h", spec=(("fsdp", "replica"), None))
+    result = plan_fixes([finding(edit, line=49, path=recorded)])
+    assert list(result.patched) == [str(PROGRAMS / "fsdp_activation_gather.py")] and not result.refused

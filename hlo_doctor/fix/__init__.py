@@ -84,7 +84,9 @@ def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
     another clone: a recorded file -> a file, or a recorded folder -> a folder (the longest
     matching folder wins), e.g. ``{"/work/main": "/home/me/hlo-doctor"}``. The plan's
     ``originals``/``patched`` are keyed by the path read. ``sources``: the text of a file (by the
-    path read) instead of reading it from disk.
+    path read) instead of reading it from disk. A recorded path that is neither mapped nor on this
+    machine, but names a gallery program (``.../hlo_doctor/examples/programs/x.py``, as fixtures
+    made by another checkout do), is read from this package's copy.
 
     Nothing is written: ``plan.patched`` holds the new texts. A finding without an edit, or whose
     edit cannot be made safely, becomes a :class:`Refusal` with the reason. Applying the plan's

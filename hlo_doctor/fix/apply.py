@@ -21,6 +21,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from hlo_doctor.examples.registry import local_program_file
 from hlo_doctor.findings import Finding, SourceEdit
 from hlo_doctor.fix import FixPlan, PlannedEdit, Refusal
 from hlo_doctor.fix.constrain import constrain
@@ -156,6 +157,9 @@ def _plan_one(plan: FixPlan, finding: Finding, edit: SourceEdit, program: str | 
     if recorded is None:
         return Refusal(finding, "the finding names no file of the program to edit")
     path = resolve_path(recorded, path_map)
+    if path == recorded and not (sources is not None and path in sources) and not Path(path).is_file():
+        local = local_program_file(recorded)  # a gallery program recorded by another checkout
+        path = str(local) if local is not None else path
     if {"site-packages", "dist-packages"} & set(Path(path).parts):
         return Refusal(finding, f"{path} is an installed library's file, not the program's: "
                                 "the fix belongs in the code that calls it")
