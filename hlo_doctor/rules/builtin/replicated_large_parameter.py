@@ -72,7 +72,7 @@ class ReplicatedLargeParameter(Rule):
     # torch_xla
     xs.mark_sharding(model.unembed.weight, mesh, ('fsdp', None))
     # Keras: a key the variable's path matches
-    layout_map[r"decoder_block_\d+/ffw_linear/kernel"] = ('model', None)
+    layout_map[r"decoder_block_\\d+/ffw_linear/kernel"] = ('model', None)
     ```
 
     **Options**
