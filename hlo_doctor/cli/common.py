@@ -76,8 +76,9 @@ def analysis_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Quote source lines from any file the dump names, not only from files below the "
                           "project root or the runner's program folder."),
         click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-                     help="Processes that may share a big module's rules (1: all in this one).  "
-                          "[default: 2 on a machine with 2+ cores]"),
+                     help="Processes that may work at once: several modules are analysed in up to N worker "
+                          "processes, one big module shares its rules between two (1: all in this one; the "
+                          "report is the same).  [default: the usable cores, at most 4]"),
         strict_plugins_option,
     ]
     for decorator in reversed(decorators):

@@ -143,6 +143,7 @@ class Snapshot:
         self.timestamp = timestamp
         self._module: HloModule | None = None
         self._failure: Exception | None = None
+        self._parsed_once = False  # parsed here or in a worker process, perhaps since released
 
     @property
     def label(self) -> str:
@@ -159,6 +160,23 @@ class Snapshot:
     def parsed(self) -> bool:
         """True once :meth:`module` has succeeded."""
         return self._module is not None
+
+    @property
+    def parsed_once(self) -> bool:
+        """True once the file has parsed, here or in a worker process, even if the module
+        was released since (see :meth:`release`)."""
+        return self._parsed_once or self._module is not None
+
+    def release(self) -> None:
+        """Drop the parsed module, so its memory can be reused; a later :meth:`module` parses
+        the file again. A parse failure is kept."""
+        if self._module is not None:
+            self._parsed_once = True
+            self._module = None
+
+    def adopt_parsed(self) -> None:
+        """Record that another process (a module worker) parsed the file."""
+        self._parsed_once = True
 
     @property
     def error(self) -> str | None:
