@@ -490,6 +490,26 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     return tuple(attributes)
 
 
+_ENTRY_HEADER = re.compile(r"^ENTRY[ \t]", re.M)
+_PARAMETER_LINE = re.compile(r"^[ \t]*%?[\w.\-]+[ \t]*=[^\n]*? parameter\(\d+\)[^\n]*", re.M)
+
+
+def parse_entry_parameters(text: str, *, path: str | None = None) -> list[Instruction] | None:
+    """The ENTRY computation's parameters, ordered by number, parsed from their own lines only
+    (a module's header is all that is read besides). Their positions are not the file's.
+    None when the text has no one-line ENTRY header; raises :class:`ParseError` when a
+    parameter line does not parse (then parse the whole module)."""
+    header = _ENTRY_HEADER.search(text)
+    if header is None:
+        return None
+    end = text.find("\n}", header.start())
+    lines = _PARAMETER_LINE.findall(text, header.start(), end if end != -1 else len(text))
+    first_line = text[: text.find("\n")] if "\n" in text else text
+    module = parse_module(first_line + "\n\nENTRY %entry {\n" + "\n".join(lines) + "\n}\n", path=path)
+    entry = module.entry
+    return entry.parameters() if entry is not None else None
+
+
 def parse_module(text: str, *, path: str | None = None) -> HloModule:
     """Parse one HLO module's text. Raises :class:`ParseError` on malformed text."""
     if not isinstance(text, str):
