@@ -102,7 +102,7 @@ def main() -> int:
         print(f"{case:10s} {cpp['megabytes']:7.1f} {ours:6.0f} MiB {biggest} {mib(cpp['self_kib']):6.0f} MiB "
               f"{target:5d} MiB  {'yes' if ours <= target else 'no':3s}  "
               f"{serial['seconds']:.1f} s / {cpp['seconds']:.1f} s = {serial['seconds'] / cpp['seconds']:.2f}"
-              f"  (before: {BEFORE[case]}; {serial['findings']} findings)")
+              f"  (the issue's today: {BEFORE[case]}; {serial['findings']} findings)")
     return 0
 
 
