@@ -3,11 +3,14 @@
     python benchmarks/analyze_speed.py [DUMP]
 
 DUMP defaults to ``benchmarks/_data/big`` (made by ``make_big_module.py``:
-an unrolled llama-like train step; its snapshots add up to about 60 MB).
+an unrolled llama-like train step; with the default 48 layers its HLO
+snapshots add up to 12.2 MB).
 In one fresh child process, ``analyze_dump`` runs every registered rule
-over every snapshot it needs, as ``hlo-doctor analyze`` does (by default the
-rules that read only the after-propagation snapshot run in a second
-process; see ``hlo_doctor/rules/parallel.py``), and again in one process
+over every snapshot it needs, as ``hlo-doctor analyze`` does (by default,
+on a dump of one module, the rules that read only the after-propagation
+snapshot run in a second process, see ``hlo_doctor/rules/parallel.py``; the
+modules of a dump of several run in worker processes, see
+``hlo_doctor/rules/module_workers.py``), and again in one process
 (``--jobs 1``); in another, XLA's C++ parser
 (``jaxlib._hlo.hlo_module_from_text``) only parses every HLO snapshot of
 the folder (in one thread). Prints the times, the ratios, and with

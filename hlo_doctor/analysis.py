@@ -11,10 +11,12 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hlo_doctor._gc import paused_gc
-from hlo_doctor.dump import Dump, load_dump
+from hlo_doctor.dump import Dump, DumpModule, load_dump
+from hlo_doctor.dump.snapshot import DumpError
 from hlo_doctor.errors import InputError, one_line
 from hlo_doctor.findings import ModuleSummary, Report, ReportError
 from hlo_doctor.rules import (
@@ -23,8 +25,10 @@ from hlo_doctor.rules import (
     RuleContext,
     Skip,
     discover,
+    module_workers,
     select_rules,
 )
+from hlo_doctor.rules.base import Rule
 from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
 from hlo_doctor.semantics.hardware import HardwareProfile, load_profile
@@ -42,8 +46,12 @@ def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:
     matches one of these globs; ``hardware`` is a bundled profile name, a
     JSON file or a :class:`HardwareProfile`; ``devices_per_host``,
     ``verbose``, ``registry`` and ``progress`` as in :func:`_analyze`;
-    ``jobs`` is how many processes may share one big module's rules (default
-    2 on a machine with two or more cores; see :mod:`hlo_doctor.rules.parallel`).
+    ``jobs`` is how many processes may work at once: a dump of several modules
+    has them analysed in up to ``jobs`` worker processes
+    (:mod:`hlo_doctor.rules.module_workers`), and a dump of one big module
+    shares its rules between two (:mod:`hlo_doctor.rules.parallel`); 1 keeps
+    everything in this process. The default is the usable cores, at most 4.
+    The report is the same whatever ``jobs`` is.
     Raises :class:`InputError` for an unusable dump, an unknown rule id or
     hardware, or bad rule options.
 
@@ -94,41 +102,19 @@ def _analyze(
     errors: list[ReportError] = [
         ReportError(e.entry_point, f"rule plugin not loaded ({e.origin}): {e.message}") for e in registry.errors
     ]
+    # A dump loaded here is ours: each module's parsed snapshots are dropped once it is done,
+    # so the memory a dump needs is that of its biggest module, not the sum.
+    release = not isinstance(path, Dump)
+    outcomes = _module_outcomes(dump, rules, options, jobs, release, progress)
     summaries: list[ModuleSummary] = []
-    total = len(dump.modules)
-    for number, module in enumerate(dump.modules):
-        if progress is not None:
-            progress(number, total, module.key)
-        ctx = RuleContext(dump, module, options)
-        module_findings, module_skips = run_module_rules(ctx, rules, jobs=jobs)
-        findings.extend(module_findings)
-        skipped.extend(module_skips)
-        try:
-            collectives = _collective_summary(ctx)
-        except Exception as error:  # noqa: BLE001 - the summary must not end the run
-            collectives = {}
-            errors.append(ReportError(str(dump.path), f"collective summary failed: {type(error).__name__}: "
-                                                      f"{one_line(str(error), 200)}", module.key))
-        module_errors = module.errors
-        errors.extend(ReportError(e.path, e.message, module.key) for e in module_errors)
-        summaries.append(
-            ModuleSummary(
-                id=module.id,
-                name=module.name,
-                key=module.key,
-                partitioner=module.partitioner.value,
-                num_partitions=module.num_partitions,
-                snapshots=tuple(s.label for s in module.snapshots),
-                errors=tuple(e.message for e in module_errors),
-                collectives=collectives,
-                framework=ctx.framework,
-            )
-        )
-    if progress is not None:
-        progress(total, total, "")
+    for outcome in outcomes:
+        findings.extend(outcome.findings)
+        skipped.extend(outcome.skipped)
+        errors.extend(outcome.errors)
+        summaries.append(outcome.summary)
     errors.extend(ReportError(e.path, e.message) for e in dump.load_errors)
     snapshots = [s for module in dump.modules for s in module.snapshots]
-    if snapshots and not any(s.parsed for s in snapshots):
+    if snapshots and not any(s.parsed_once for s in snapshots):
         failed = [s for s in snapshots if s.error is not None]
         if failed:
             # Nothing could be read at all: an input error, not an analysis.
@@ -148,6 +134,101 @@ def _analyze(
         devices_per_host=devices_per_host,
         program=_program(dump),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _ModuleOutcome:
+    """What one module's analysis adds to the report, and what it learnt about the dump's files
+    (so a worker process can hand it back)."""
+
+    findings: list[Finding]
+    skipped: list[Skip]
+    errors: list[ReportError]
+    summary: ModuleSummary
+    parsed: tuple[bool, ...]  # per snapshot: parsed once
+    failures: tuple[str | None, ...]  # per snapshot: its one-line parse error
+    metadata_errors: tuple[DumpError, ...]
+
+
+def _module_outcomes(
+    dump: Dump, rules: list[Rule], options: AnalysisOptions, jobs: int, release: bool, progress: Progress | None
+) -> list[_ModuleOutcome]:
+    """Each module's outcome, in module order: in worker processes when there are several modules
+    and jobs (see :mod:`hlo_doctor.rules.module_workers`), else here, one module after another."""
+    modules = dump.modules
+    total = len(modules)
+    sizes = [sum(s.size or 0 for s in module.snapshots) for module in modules]
+    if module_workers.worth_forking(sizes, jobs):
+        done = 0
+
+        def started(index: int) -> None:
+            nonlocal done
+            if progress is not None:
+                progress(done, total, modules[index].key)
+            done += 1
+
+        outcomes = module_workers.map_modules(
+            lambda i: _analyze_module(dump, modules[i], rules, options, 1, release=False), sizes, jobs,
+            started=started,
+        )
+        for module, outcome in zip(modules, outcomes, strict=True):
+            _adopt(module, outcome)
+    else:
+        outcomes = []
+        for number, module in enumerate(modules):
+            if progress is not None:
+                progress(number, total, module.key)
+            outcomes.append(_analyze_module(dump, module, rules, options, jobs, release=release))
+    if progress is not None:
+        progress(total, total, "")
+    return outcomes
+
+
+def _analyze_module(
+    dump: Dump, module: DumpModule, rules: list[Rule], options: AnalysisOptions, jobs: int, *, release: bool
+) -> _ModuleOutcome:
+    ctx = RuleContext(dump, module, options)
+    module_findings, module_skips = run_module_rules(ctx, rules, jobs=jobs)
+    errors: list[ReportError] = []
+    try:
+        collectives = _collective_summary(ctx)
+    except Exception as error:  # noqa: BLE001 - the summary must not end the run
+        collectives = {}
+        errors.append(ReportError(str(dump.path), f"collective summary failed: {type(error).__name__}: "
+                                                  f"{one_line(str(error), 200)}", module.key))
+    module_errors = module.errors
+    errors.extend(ReportError(e.path, e.message, module.key) for e in module_errors)
+    summary = ModuleSummary(
+        id=module.id,
+        name=module.name,
+        key=module.key,
+        partitioner=module.partitioner.value,
+        num_partitions=module.num_partitions,
+        snapshots=tuple(s.label for s in module.snapshots),
+        errors=tuple(e.message for e in module_errors),
+        collectives=collectives,
+        framework=ctx.framework,
+    )
+    if release:
+        ctx.__dict__.clear()  # the shared analyses, which hold cycles back to the context
+        for snapshot in module.snapshots:
+            snapshot.release()
+    return _ModuleOutcome(
+        module_findings, module_skips, errors, summary,
+        tuple(s.parsed_once for s in module.snapshots), tuple(s.error for s in module.snapshots),
+        module.errors_found,
+    )
+
+
+def _adopt(module: DumpModule, outcome: _ModuleOutcome) -> None:
+    """Record here what a worker process learnt about ``module``'s files."""
+    for snapshot, parsed, failure in zip(module.snapshots, outcome.parsed, outcome.failures, strict=True):
+        if parsed:
+            snapshot.adopt_parsed()
+        if failure is not None:
+            snapshot.adopt_failure(failure)
+    for error in outcome.metadata_errors:
+        module.add_error(error)
 
 
 def _program(dump: Dump) -> str | None:

@@ -1,7 +1,9 @@
-"""Rules split over two processes give the report a serial run gives.
+"""Rules split over two processes, and modules analysed in worker processes, give the
+report a serial run gives.
 
-``run_module_rules`` forks only for modules of 8 MB or more; here the
-threshold is lowered so that every fixture takes the two-process path.
+``run_module_rules`` forks only for modules of 8 MB or more, and
+``map_modules`` only for dumps of two or more modules and 4 MB or more; here
+the thresholds are lowered so that every fixture takes each parallel path.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import load_dump
 from hlo_doctor.dump.folder import Role
 from hlo_doctor.report.json import render_json
-from hlo_doctor.rules import parallel
+from hlo_doctor.rules import module_workers, parallel
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FOLDERS = sorted(p.parent for p in FIXTURES.glob("*/*/expected_findings.json"))
@@ -42,10 +44,29 @@ def always_split(monkeypatch):
     return forks
 
 
+@pytest.fixture
+def module_workers_always(monkeypatch):
+    """Every dump, even of one module, has its modules analysed in worker processes; counts the forks."""
+    monkeypatch.setattr(module_workers, "MODULES_MIN_BYTES", 0)
+    monkeypatch.setattr(module_workers, "MODULES_MIN_COUNT", 1)
+    forks = []
+    real = module_workers._fork
+    monkeypatch.setattr(module_workers, "_fork", lambda work, index: forks.append(index) or real(work, index))
+    return forks
+
+
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_two_processes_report_what_one_does(folder, always_split):
-    assert _report(folder, jobs=2) == _report(folder, jobs=1)
+def test_parallel_runs_report_what_a_serial_one_does(folder, always_split, monkeypatch, request):
+    """On every fixture: the JSON report (findings with evidence and fingerprints, their order,
+    errors, skips, module summaries) of one process, of rules split over two, and of modules
+    analysed in worker processes, all the same."""
+    serial = _report(folder, jobs=1)
+    monkeypatch.setattr(module_workers, "MODULES_MIN_COUNT", 10**9)  # the modules one after another
+    assert _report(folder, jobs=2) == serial
     assert always_split and "non-batch-dim-sharding" in always_split[0]
+    forks = request.getfixturevalue("module_workers_always")
+    assert _report(folder, jobs=2) == serial
+    assert sorted(forks) == list(range(len(load_dump(folder).modules)))
 
 
 def test_names_after_partitioning_come_back_from_the_worker(always_split):
@@ -94,3 +115,38 @@ def test_no_worker_for_one_job_a_small_module_or_parsed_snapshots(monkeypatch):
     dump.modules[0].snapshot(Role.AFTER_PROPAGATION).module()
     analyze_dump(dump, jobs=2)  # already in memory here
     assert forks == []
+
+
+def test_modules_come_back_in_order_and_a_dead_worker_is_redone_here(module_workers_always, monkeypatch):
+    """A worker that dies has its module analysed in this process; the report keeps module order."""
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"  # 18 modules
+    serial = _report(folder, jobs=1)
+    real = module_workers._serve
+    monkeypatch.setattr(module_workers, "_serve",
+                        lambda work, index, write_end: os._exit(3) if index % 3 == 0 else real(work, index, write_end))
+    assert _report(folder, jobs=3) == serial
+    assert len(module_workers_always) == len(load_dump(folder).modules)
+
+
+def test_the_parent_holds_no_parsed_module_and_learns_what_the_workers_parsed(module_workers_always):
+    dump = load_dump(FIXTURES / "keras-layout-map" / "jax-shardy-bad")
+    analyze_dump(dump, jobs=2)
+    snapshots = [s for module in dump.modules for s in module.snapshots]
+    assert not any(s.parsed for s in snapshots)
+    assert any(s.parsed_once for s in snapshots)
+
+
+def test_a_dump_loaded_by_analyze_is_released_module_by_module(monkeypatch):
+    """Serially, each module's parsed snapshots are dropped when it is done (a Dump passed in is kept)."""
+    from hlo_doctor.dump.snapshot import Snapshot
+
+    released = []
+    real = Snapshot.release
+    monkeypatch.setattr(Snapshot, "release", lambda self: released.append(self.parsed) or real(self))
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
+    analyze_dump(folder, jobs=1)
+    assert any(released)
+    released.clear()
+    dump = load_dump(folder)
+    analyze_dump(dump, jobs=1)
+    assert released == [] and any(s.parsed for m in dump.modules for s in m.snapshots)

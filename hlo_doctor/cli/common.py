@@ -83,8 +83,9 @@ def _analysis_decorators() -> dict[str, Callable[..., Any]]:
                  "project root or the runner's program folder."),
         "jobs": click.option(
             "--jobs", "-j", type=click.IntRange(min=1), default=None,
-            help="Processes that may share a big module's rules (1: all in this one).  "
-                 "[default: 2 on a machine with 2+ cores]"),
+            help="Processes that may work at once: several modules are analysed in up to N worker "
+                 "processes, one big module shares its rules between two (1: all in this one; the "
+                 "report is the same).  [default: the usable cores, at most 4]"),
         "strict_plugins": strict_plugins_option,
     }
 

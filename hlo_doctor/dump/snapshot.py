@@ -17,11 +17,11 @@ from hlo_doctor.hlo.ir import Shape
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, shape_from_text
 
 if TYPE_CHECKING:
-    from hlo_doctor.hlo.ir import HloModule
+    from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor import hlo
 from hlo_doctor.dump import files as dump_files  # read through the module, so a test can stand in for it
 from hlo_doctor.hlo.errors import ParseError
-from hlo_doctor.hlo.parser import parse_header
+from hlo_doctor.hlo.parser import parse_entry_parameters, parse_header
 
 RUN_RECORD = "hlo_doctor_run.json"
 HEADER_BYTES = 64 * 1024
@@ -143,6 +143,7 @@ class Snapshot:
         self.timestamp = timestamp
         self._module: HloModule | None = None
         self._failure: Exception | None = None
+        self._parsed_once = False  # parsed here or in a worker process, perhaps since released
 
     @property
     def label(self) -> str:
@@ -159,6 +160,23 @@ class Snapshot:
     def parsed(self) -> bool:
         """True once :meth:`module` has succeeded."""
         return self._module is not None
+
+    @property
+    def parsed_once(self) -> bool:
+        """True once the file has parsed, here or in a worker process, even if the module
+        was released since (see :meth:`release`)."""
+        return self._parsed_once or self._module is not None
+
+    def release(self) -> None:
+        """Drop the parsed module, so its memory can be reused; a later :meth:`module` parses
+        the file again. A parse failure is kept."""
+        if self._module is not None:
+            self._parsed_once = True
+            self._module = None
+
+    def adopt_parsed(self) -> None:
+        """Record that another process (a module worker) parsed the file."""
+        self._parsed_once = True
 
     @property
     def error(self) -> str | None:
@@ -195,6 +213,23 @@ class Snapshot:
         """Record a parse failure met by another process (a rule worker), unless tried here."""
         if self._module is None and self._failure is None:
             self._failure = ReportedFailure(message)
+
+    def entry_parameters(self) -> list[Instruction] | None:
+        """The ENTRY computation's parameters, ordered by number, without parsing the whole file
+        when it is not parsed yet (only the parameter lines are; their positions are then not
+        the file's). Falls back to :meth:`try_module` when those lines do not read alone;
+        None when the file does not parse."""
+        if self._module is None and self._failure is None:
+            where = str(self.path)
+            try:
+                text = dump_files._decode(dump_files._read_bytes(self.path), where)
+                found = parse_entry_parameters(text, path=where)
+            except Exception:  # noqa: BLE001 - the whole parse below reports what is wrong
+                found = None
+            if found is not None:
+                return found
+        module = self.try_module()
+        return module.entry.parameters() if module is not None and module.entry is not None else None
 
     def try_module(self) -> HloModule | None:
         """:meth:`module`, or None when the file does not parse (see :attr:`error`)."""

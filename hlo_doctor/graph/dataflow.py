@@ -29,7 +29,8 @@ cross-computation edges: they combine scalars and carry no sharding.
 and the analyses that walk every node must be cheap, so the graph is held
 as flat lists over node *ids*: the nodes numbered ``0 .. n-1`` in program
 order (computations in module order, instructions in order).
-``operand_ids[i]`` are node ``i``'s operands in operand order (``-1`` for a
+``operand_ids[i]`` (a tuple; the rows are kept as int32 arrays, see
+:class:`~hlo_doctor.graph.dataflow_graph.IdRows`) are node ``i``'s operands in operand order (``-1`` for a
 name the computation does not define), ``user_ids[i]`` the nodes that read
 it as an operand, and ``calls_into`` / ``calls_out_of`` the
 cross-computation edges with their kind. ``keys[i]`` and
@@ -53,6 +54,7 @@ per element so a loop's weights and activations stay apart.
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 from hlo_doctor._gc import paused_gc
@@ -69,6 +71,7 @@ from hlo_doctor.graph.dataflow_graph import (
     PARAM_KINDS,
     ROOT_KINDS,
     DataflowGraph,
+    IdRows,
     NodeInfo,
     NodeKey,
 )
@@ -97,7 +100,9 @@ def _build(module: HloModule) -> DataflowGraph:
     instruction_at: list[Instruction] = []
     spans: list[tuple[int, str]] = []  # (first id, computation name)
     ids: dict[str, dict[str, int]] = {}
-    operand_ids: list[tuple[int, ...]] = []
+    operand_flat = array("i")  # compressed rows: node i's operands are operand_flat[starts[i]:starts[i + 1]]
+    operand_starts = array("i", [0])
+    extend, append = operand_flat.extend, operand_starts.append
     for computation in module.computations:
         first = len(instruction_at)
         spans.append((first, computation.name))
@@ -109,22 +114,21 @@ def _build(module: HloModule) -> DataflowGraph:
         get = local.get
         for instruction in instructions:
             operands = instruction.operands
-            count = len(operands)
-            if count == 0:
-                operand_ids.append(())
-            elif count == 1:
-                operand_ids.append((get(operands[0], NO_NODE),))
-            elif count == 2:
-                operand_ids.append((get(operands[0], NO_NODE), get(operands[1], NO_NODE)))
-            else:
-                operand_ids.append(tuple([get(o, NO_NODE) for o in operands]))
-    user_ids: list[list[int]] = [[] for _ in instruction_at]
-    for node, sources in enumerate(operand_ids):
-        for source in sources:
+            if operands:
+                extend([get(o, NO_NODE) for o in operands])
+            append(len(operand_flat))
+    user_lists: list[list[int]] = [[] for _ in instruction_at]
+    begin = 0
+    for node, end in enumerate(operand_starts[1:]):
+        for source in operand_flat[begin:end]:
             if source != NO_NODE:
-                users = user_ids[source]
+                users = user_lists[source]
                 if not users or users[-1] != node:
                     users.append(node)
+        begin = end
+    operand_ids = IdRows.from_arrays(operand_flat, operand_starts)
+    user_ids = IdRows(user_lists)
+    del user_lists
 
     # Cross-computation edges.
     calls_into: dict[int, list[tuple[int, str]]] = {}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 from hlo_doctor.graph.dataflow_propagate import _bits_to_indices, _flatten, _propagate_params, dataflow_order
 
-__all__ = ["NO_NODE", "PARAM_KINDS", "ROOT_KINDS", "DataflowGraph", "NodeInfo", "NodeKey"]
+__all__ = ["NO_NODE", "PARAM_KINDS", "ROOT_KINDS", "DataflowGraph", "IdRows", "NodeInfo", "NodeKey"]
 
 
 NodeKey = tuple[str, str]  # (computation name, instruction name)
@@ -57,6 +58,46 @@ class NodeInfo:
         return f"{self.file or '<text>'}:{self.line}"
 
 
+class IdRows:
+    """Node id -> a row of node ids (operands, or users), kept as two flat int32 arrays
+    (compressed rows): a module of millions of instructions costs 8 bytes an edge and 4 a
+    node here, not a tuple or list object per node. A row comes out as a new tuple."""
+
+    __slots__ = ("_flat", "_starts")
+
+    def __init__(self, rows: Iterable[Sequence[int]]) -> None:
+        flat = array("i")
+        starts = array("i", [0])
+        extend, append = flat.extend, starts.append
+        for row in rows:
+            if row:
+                extend(row)
+            append(len(flat))
+        self._flat = flat
+        self._starts = starts
+
+    @classmethod
+    def from_arrays(cls, flat: array[int], starts: array[int]) -> IdRows:
+        """Rows already flattened: row ``i`` is ``flat[starts[i]:starts[i + 1]]``."""
+        rows = cls(())
+        rows._flat, rows._starts = flat, starts
+        return rows
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def __getitem__(self, node: int) -> tuple[int, ...]:
+        starts = self._starts
+        if node < 0:
+            node += len(starts) - 1
+        return tuple(self._flat[starts[node] : starts[node + 1]])
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        flat, starts = self._flat, self._starts
+        for node in range(len(starts) - 1):
+            yield tuple(flat[starts[node] : starts[node + 1]])
+
+
 class DataflowGraph:
     """A module's dataflow graph and the queries rules ask of it (see the module docstring)."""
 
@@ -65,8 +106,8 @@ class DataflowGraph:
         module: HloModule,
         spans: list[tuple[int, str]],
         instruction_at: list[Instruction],
-        operand_ids: list[tuple[int, ...]],
-        user_ids: list[list[int]],
+        operand_ids: IdRows,
+        user_ids: IdRows,
         calls_into: dict[int, list[tuple[int, str]]],
         calls_out_of: dict[int, list[tuple[int, str]]],
         ids: dict[str, dict[str, int]],
@@ -124,8 +165,8 @@ class DataflowGraph:
         """Ids of where node ``node``'s value goes: its users, then cross-computation targets."""
         extra = self.calls_out_of.get(node)
         if not extra:
-            return self.user_ids[node]
-        return self.user_ids[node] + [target for target, _ in extra]
+            return list(self.user_ids[node])
+        return [*self.user_ids[node], *(target for target, _ in extra)]
 
     @cached_property
     def dataflow_order(self) -> list[int]:
@@ -277,8 +318,8 @@ class _Arrays:
     keys: list[NodeKey]
     ids: dict[str, dict[str, int]]
     instruction_at: list[Instruction]
-    operand_ids: list[tuple[int, ...]]
-    user_ids: list[list[int]]
+    operand_ids: IdRows
+    user_ids: IdRows
     calls_into: dict[int, list[tuple[int, str]]]
     calls_out_of: dict[int, list[tuple[int, str]]]
 

@@ -163,9 +163,11 @@ class Instruction:
     offset: int  # where the instruction starts in its module's text
     origin: ModuleText = field(compare=False, repr=False)
     is_root: bool = False
-    # ", key=value, ..." exactly as written, split into pairs on first use
-    # (or the pairs themselves); read it through ``attributes``.
-    raw_attributes: str | tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    # ", key=value, ..." exactly as written, split into pairs on first use (or the pairs
+    # themselves), or an int: where that text starts in the origin's text, counted from
+    # ``offset``, running to the end of the line (the parser's fast path keeps no copy:
+    # it is split again on each use). Read it through ``attributes``.
+    raw_attributes: str | int | tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     # Called computation names, or None to derive them from the attributes.
     called: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
     printed_opcode: str | None = None
@@ -184,10 +186,19 @@ class Instruction:
     def attributes(self) -> tuple[tuple[str, str], ...]:
         """Every ``key=value`` as raw text, in source order."""
         raw = self.raw_attributes
+        if isinstance(raw, int):
+            return self.origin.split_attributes(self._attribute_text(raw))
         if isinstance(raw, str):
             raw = self.origin.split_attributes(raw)
             object.__setattr__(self, "raw_attributes", raw)  # memoize
         return raw
+
+    def _attribute_text(self, start: int) -> str:
+        """The ``, key=value`` text that starts ``start`` characters after the instruction."""
+        text = self.origin.text
+        start += self.offset
+        end = text.find("\n", start)
+        return text[start : end if end != -1 else len(text)].rstrip(" \t\r")
 
     @property
     def called_computations(self) -> tuple[str, ...]:
@@ -201,9 +212,18 @@ class Instruction:
     def attribute(self, key: str) -> str | None:
         """The raw text of attribute ``key``, or None."""
         raw = self.raw_attributes
-        if isinstance(raw, str) and key + "=" not in raw:
-            return None
-        for name, value in self.attributes:
+        if isinstance(raw, int):
+            text = self._attribute_text(raw)
+            if key + "=" not in text:
+                return None
+            pairs = self.origin.split_attributes(text)
+        elif isinstance(raw, str):
+            if key + "=" not in raw:
+                return None
+            pairs = self.attributes
+        else:
+            pairs = raw
+        for name, value in pairs:
             if name == key:
                 return value
         return None

@@ -24,6 +24,9 @@ OPCODES: frozenset[str] = frozenset(
     """.split()  # noqa: SIM905 - the table reads as XLA prints it
 )
 
+# Each opcode -> itself: the parser keeps this one string object for every instruction of an opcode.
+OPCODE_STRINGS: dict[str, str] = {opcode: opcode for opcode in OPCODES}
+
 # Printed suffix of a sugared async op -> the opcode XLA gives it.
 ASYNC_SUFFIXES: tuple[tuple[str, str], ...] = (
     ("-start", "async-start"),

@@ -30,7 +30,7 @@ from hlo_doctor.hlo.ir import (
     called_computation_names,
 )
 from hlo_doctor.hlo.lexer import NAME, SPACE_MATCH, unescape
-from hlo_doctor.hlo.opcodes import OPCODES
+from hlo_doctor.hlo.opcodes import OPCODE_STRINGS, OPCODES
 from hlo_doctor.hlo.scope import LITERAL_OPCODES, _Scope, infer_shape, make_computation
 from hlo_doctor.hlo.shapes import ShapeSyntaxError, scan_shape, shape_from_text
 
@@ -246,16 +246,20 @@ class Parser(AsyncSugarReader):
         by_name = scope.by_name
         origin = self.origin
         operand_names = fast_path.OPERAND_NAME.findall
+        defined = by_name.get
+        canonical_opcode = OPCODE_STRINGS.get
         pos = self.pos
         while True:
             m = match(text, pos)
             if m is None:
                 break
             root, name, shape_text, opcode, operand_text, literal_text, attribute_text = m.groups()
-            if opcode not in OPCODES or name in by_name:
+            opcode = canonical_opcode(opcode)  # one string object per opcode, not one per line
+            if opcode is None or name in by_name:
                 break
+            raw_attributes: str | int
             if attribute_text is None:
-                attribute_text = ""
+                raw_attributes = ""
             elif (
                 attribute_text.count("{") != attribute_text.count("}")
                 or "//" in attribute_text
@@ -264,6 +268,10 @@ class Parser(AsyncSugarReader):
                 # A value that spans lines, a comment, or an inline computation
                 # body: the general path handles those.
                 break
+            else:
+                # Where the attributes start, from the instruction's start: the text is the
+                # module's own, read again on demand (usually a small, shared int).
+                raw_attributes = m.start(7) - pos
             try:
                 shape = shape_from_text(shape_text)
             except ShapeSyntaxError:
@@ -280,12 +288,13 @@ class Parser(AsyncSugarReader):
             elif operand_text:
                 if "/" in operand_text:
                     operand_text = fast_path.BLOCK_COMMENT.sub("", operand_text)
-                operands = tuple(operand_names(operand_text))
+                # An operand is the defining instruction's own name string, not a copy.
+                operands = tuple([d.name if (d := defined(o)) is not None else o for o in operand_names(operand_text)])
             else:
                 operands = ()
             is_root = root is not None
             instruction = Instruction(
-                name, opcode, shape, operands, pos, origin, is_root, attribute_text, None, None, literal
+                name, opcode, shape, operands, pos, origin, is_root, raw_attributes, None, None, literal
             )
             instructions.append(instruction)
             by_name[name] = instruction
@@ -479,6 +488,26 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     if parser.skip_space() != len(text):
         raise parser.error("expected ',' before the next attribute")
     return tuple(attributes)
+
+
+_ENTRY_HEADER = re.compile(r"^ENTRY[ \t]", re.M)
+_PARAMETER_LINE = re.compile(r"^[ \t]*%?[\w.\-]+[ \t]*=[^\n]*? parameter\(\d+\)[^\n]*", re.M)
+
+
+def parse_entry_parameters(text: str, *, path: str | None = None) -> list[Instruction] | None:
+    """The ENTRY computation's parameters, ordered by number, parsed from their own lines only
+    (a module's header is all that is read besides). Their positions are not the file's.
+    None when the text has no one-line ENTRY header; raises :class:`ParseError` when a
+    parameter line does not parse (then parse the whole module)."""
+    header = _ENTRY_HEADER.search(text)
+    if header is None:
+        return None
+    end = text.find("\n}", header.start())
+    lines = _PARAMETER_LINE.findall(text, header.start(), end if end != -1 else len(text))
+    first_line = text[: text.find("\n")] if "\n" in text else text
+    module = parse_module(first_line + "\n\nENTRY %entry {\n" + "\n".join(lines) + "\n}\n", path=path)
+    entry = module.entry
+    return entry.parameters() if entry is not None else None
 
 
 def parse_module(text: str, *, path: str | None = None) -> HloModule:

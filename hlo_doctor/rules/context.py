@@ -139,12 +139,14 @@ class RuleContext:
     def argument_names(self) -> dict[int, str]:
         """Entry parameter number -> the user's argument name, from ``before_optimizations``
         (the names as JAX lowered them, before any pass could relabel them); {} without it."""
-        module = self.before_optimizations
-        if module is None or module.entry is None:
+        # Only the parameter lines are parsed when nothing else needs the module.
+        snapshot = self.module.snapshot(Role.BEFORE_OPTIMIZATIONS)
+        params = snapshot.entry_parameters() if snapshot is not None else None
+        if params is None:
             return {}
 
         names: dict[int, str] = {}
-        for param in module.entry.parameters():
+        for param in params:
             name = argument_name(param)
             if param.parameter_number is not None and name != param.name:
                 names[param.parameter_number] = name

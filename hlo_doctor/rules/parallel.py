@@ -48,20 +48,28 @@ def can_fork() -> bool:
     return hasattr(os, "fork")
 
 
-def default_jobs() -> int:
-    """2 when this process may use two or more cores (and can fork), else 1."""
+DEFAULT_MAX_JOBS = 4
+"""The default caps the processes at this many: each worker holds one module's parse."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask on Linux, else the CPU count)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    return 2 if can_fork() and cores >= 2 else 1
+        return os.cpu_count() or 1
+
+
+def default_jobs() -> int:
+    """The usable cores, at most ``DEFAULT_MAX_JOBS``, when this process can fork; else 1."""
+    return min(usable_cores(), DEFAULT_MAX_JOBS) if can_fork() else 1
 
 
 def run_module_rules(
     ctx: RuleContext, rules: Sequence[Rule], *, jobs: int = 1, min_bytes: int | None = None
 ) -> tuple[list[Finding], list[Skip]]:
     """:func:`~hlo_doctor.rules.engine.run_rules`, split over two processes when worth it
-    (``min_bytes`` of HLO text in the module; default ``PARALLEL_MIN_BYTES``)."""
+    (``jobs >= 2`` and ``min_bytes`` of HLO text in the module; default ``PARALLEL_MIN_BYTES``)."""
     min_bytes = PARALLEL_MIN_BYTES if min_bytes is None else min_bytes
     in_worker = [i for i, rule in enumerate(rules) if getattr(rule, "reads", None) == WORKER_READS]
     here = [i for i, rule in enumerate(rules) if getattr(rule, "reads", None) != WORKER_READS]

@@ -1,0 +1,82 @@
+"""What keeps big dumps in bounded memory: files never opened, parameter lines parsed alone,
+attribute text read back from the module text, compressed graph rows."""
+
+from __future__ import annotations
+
+import builtins
+import pathlib
+import shutil
+from pathlib import Path
+
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.dump import load_dump
+from hlo_doctor.dump.folder import Role
+from hlo_doctor.graph.dataflow import build_graph
+from hlo_doctor.graph.dataflow_graph import IdRows
+from hlo_doctor.hlo import parse_module
+from hlo_doctor.hlo.opcodes import OPCODE_STRINGS
+from hlo_doctor.hlo.parser import parse_entry_parameters
+from hlo_doctor.report.json import render_json
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURE = FIXTURES / "fsdp-activation-gather" / "jax-shardy-bad"
+
+
+def test_buffer_assignment_and_memory_reports_are_never_opened(tmp_path, monkeypatch):
+    folder = tmp_path / "dump"
+    shutil.copytree(FIXTURE, folder)
+    reports = [folder / f"module_0000.jit_mlp.cpu_after_optimizations-{kind}.txt"
+               for kind in ("buffer-assignment", "buffer-assignment-values", "memory-usage-report", "live-range")]
+    for report in reports:
+        report.write_text("BufferAssignment:\nallocation 0: size 4\n")
+    expected = render_json(analyze_dump(FIXTURE, jobs=1))
+    opened: list[str] = []
+    real_open, real_read_bytes = builtins.open, pathlib.Path.read_bytes
+    monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: opened.append(str(self)) or real_read_bytes(self))
+    report = analyze_dump(folder, jobs=1)
+    assert opened and not [p for p in opened if any(str(r) == p for r in reports)]
+    assert render_json(report).replace(str(folder), str(FIXTURE)) == expected
+
+
+def test_entry_parameters_come_from_their_lines_alone():
+    snapshot = load_dump(FIXTURE).modules[0].snapshot(Role.BEFORE_OPTIMIZATIONS)
+    light = snapshot.entry_parameters()
+    assert not snapshot.parsed  # the whole module was not parsed for them
+    full = snapshot.module().entry.parameters()
+    assert [(p.name, p.parameter_number, p.shape, p.metadata, p.sharding) for p in light] == \
+        [(p.name, p.parameter_number, p.shape, p.metadata, p.sharding) for p in full]
+
+
+def test_entry_parameters_of_a_module_without_an_entry_header():
+    assert parse_entry_parameters("HloModule m\n\nc {\n  ROOT p = f32[] parameter(0)\n}\n") is None
+
+
+def test_attributes_read_back_from_the_module_text_are_what_was_written():
+    text = ("HloModule m\n\nENTRY e {\n  %p = f32[4]{0} parameter(0), sharding={devices=[2]<=[2]}  \r\n"
+            '  ROOT %n = f32[4]{0} negate(%p), metadata={op_name="x"}\n}\n')
+    module = parse_module(text)
+    p, n = module.entry.instructions
+    assert isinstance(p.raw_attributes, int)  # no copy of the text: where it starts
+    assert p.attributes == (("sharding", "{devices=[2]<=[2]}"),)
+    assert p.attribute("sharding") == "{devices=[2]<=[2]}" and p.attribute("metadata") is None
+    assert n.attributes == (("metadata", '{op_name="x"}'),) and n.metadata.op_name == "x"
+    assert n.operands[0] is p.name  # the defining instruction's own string
+    assert n.opcode is OPCODE_STRINGS["negate"]  # the one string object of that opcode
+
+
+def test_graph_rows_are_the_operands_and_users():
+    module = load_dump(FIXTURE).modules[0].partitioned().module()
+    graph = build_graph(module)
+    for node, instruction in enumerate(graph.instruction_at):
+        local = graph.computation_ids(graph.keys[node][0])
+        assert graph.operand_ids[node] == tuple(local.get(o, -1) for o in instruction.operands)
+        for user in graph.user_ids[node]:
+            assert instruction.name in graph.instruction_at[user].operands
+    assert len(graph.operand_ids) == len(graph.instruction_at) == len(list(graph.user_ids))
+
+
+def test_id_rows():
+    rows = IdRows([(1, 2), (), (3,)])
+    assert len(rows) == 3 and rows[0] == (1, 2) and rows[1] == () and rows[-1] == (3,)
+    assert list(rows) == [(1, 2), (), (3,)]
