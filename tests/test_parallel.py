@@ -87,7 +87,7 @@ def test_the_main_process_parses_only_the_partitioned_snapshot(always_split):
 
 
 def test_a_worker_that_dies_has_its_rules_run_here(always_split, monkeypatch):
-    monkeypatch.setattr(parallel, "_serve", lambda ctx, rules, write_end: os._exit(3))
+    monkeypatch.setattr(parallel, "_worker_result", lambda ctx, rules: os._exit(3))
     folder = FIXTURES / "non-batch-dim-sharding" / "jax-shardy-bad"
     assert _report(folder, jobs=2) == _report(folder, jobs=1)
 
@@ -121,9 +121,9 @@ def test_modules_come_back_in_order_and_a_dead_worker_is_redone_here(module_work
     """A worker that dies has its module analysed in this process; the report keeps module order."""
     folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"  # 18 modules
     serial = _report(folder, jobs=1)
-    real = module_workers._serve
-    monkeypatch.setattr(module_workers, "_serve",
-                        lambda work, index, write_end: os._exit(3) if index % 3 == 0 else real(work, index, write_end))
+    real = module_workers._child_answer
+    monkeypatch.setattr(module_workers, "_child_answer",
+                        lambda work, index: os._exit(3) if index % 3 == 0 else real(work, index))
     assert _report(folder, jobs=3) == serial
     assert len(module_workers_always) == len(load_dump(folder).modules)
 

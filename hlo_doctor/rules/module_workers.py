@@ -17,12 +17,12 @@ so the report is the same as a serial run's (tested on every fixture).
 from __future__ import annotations
 
 import os
-import pickle
 import selectors
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from hlo_doctor.rules._forked import can_fork, fork_child, loads
 
 __all__ = ["MODULES_MIN_BYTES", "MODULES_MIN_COUNT", "can_fork", "map_modules", "worth_forking"]
 
@@ -33,10 +33,6 @@ MODULES_MIN_COUNT = 2
 """One module alone is better served by sharing its rules (:mod:`hlo_doctor.rules.parallel`)."""
 
 T = TypeVar("T")
-
-
-def can_fork() -> bool:
-    return hasattr(os, "fork")
 
 
 def worth_forking(sizes: Sequence[int], jobs: int, min_bytes: int | None = None) -> bool:
@@ -102,34 +98,13 @@ def map_modules(
 
 
 def _fork(work: Callable[[int], object], index: int) -> tuple[int, int]:
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child (its exit status is checked)
-        os.close(read_end)
-        _serve(work, index, write_end)
-    os.close(write_end)
-    return read_end, pid
+    return fork_child(lambda: _child_answer(work, index))
 
 
-def _serve(work: Callable[[int], object], index: int, write_end: int) -> None:  # pragma: no cover - child
-    status = 1
-    try:
-        # Nothing is printed here: a stream lock held by another thread of the parent at the
-        # fork (a progress bar's refresh) would stay held in this copy.
-        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until _exit
-        data = pickle.dumps((work(index),), protocol=pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(write_end, "wb") as pipe:
-            pipe.write(data)
-        status = 0
-    except BaseException:  # noqa: BLE001 - the parent analyses the module itself
-        pass
-    finally:
-        os._exit(status)
+def _child_answer(work: Callable[[int], object], index: int) -> tuple[object]:  # pragma: no cover - child
+    return (work(index),)
 
 
 def _unpickle(data: bytes | bytearray) -> tuple[object] | None:
-    try:
-        result = pickle.loads(data)
-    except Exception:  # noqa: BLE001 - a garbled answer: analyse the module here
-        return None
+    result = loads(data)
     return result if isinstance(result, tuple) and len(result) == 1 else None

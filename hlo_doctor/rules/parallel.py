@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import re
 import signal
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hlo_doctor.dump.folder import DumpError
+from hlo_doctor.rules._forked import can_fork, fork_child, loads
 from hlo_doctor.rules.base import Finding, Rule
 from hlo_doctor.rules.context import PENDING_NAME, RuleContext
 from hlo_doctor.rules.engine import Skip, cause_ranks, collective_names, merge_outcomes, run_rule
@@ -42,10 +41,6 @@ PARALLEL_MIN_BYTES = 8 * 1024 * 1024
 WORKER_READS = frozenset({"sharded"})
 
 Outcome = tuple[list[Finding], Skip | None]
-
-
-def can_fork() -> bool:
-    return hasattr(os, "fork")
 
 
 DEFAULT_MAX_JOBS = 4
@@ -108,13 +103,7 @@ class _Worker:
     """A forked process running some rules on the same module."""
 
     def __init__(self, ctx: RuleContext, rules: list[Rule]) -> None:
-        read_end, write_end = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - runs in the child (its exit status is checked)
-            os.close(read_end)
-            _serve(ctx, rules, write_end)
-        os.close(write_end)
-        self._read_end = read_end
+        self._read_end, self.pid = fork_child(lambda: _worker_result(ctx, rules))
         self._done = False
 
     def result(self) -> _WorkerResult | None:
@@ -123,12 +112,7 @@ class _Worker:
             data = pipe.read()
         _, status = os.waitpid(self.pid, 0)
         self._done = True
-        if status != 0 or not data:
-            return None
-        try:
-            result = pickle.loads(data)
-        except Exception:  # noqa: BLE001 - a garbled answer: run the rules here
-            return None
+        result = loads(data) if status == 0 and data else None  # None: run the rules here
         return result if isinstance(result, _WorkerResult) else None
 
     def stop(self) -> None:
@@ -144,24 +128,11 @@ class _Worker:
             self._done = True
 
 
-def _serve(ctx: RuleContext, rules: list[Rule], write_end: int) -> None:  # pragma: no cover - child
-    status = 1
-    try:
-        # Nothing is printed here: a stream lock held by another thread of the parent at the
-        # fork (a progress bar's refresh) would stay held in this copy.
-        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until _exit
-        ctx.pending_names = {}
-        outcomes = [run_rule(ctx, rule) for rule in rules]
-        failures = [(i, s.error) for i, s in enumerate(ctx.module.snapshots) if s.error is not None]
-        result = _WorkerResult(outcomes, ctx.pending_names, failures, list(ctx.module.errors_found))
-        data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(write_end, "wb") as pipe:
-            pipe.write(data)
-        status = 0
-    except BaseException:  # noqa: BLE001 - the parent runs the rules itself
-        pass
-    finally:
-        os._exit(status)
+def _worker_result(ctx: RuleContext, rules: list[Rule]) -> _WorkerResult:  # pragma: no cover - child
+    ctx.pending_names = {}
+    outcomes = [run_rule(ctx, rule) for rule in rules]
+    failures = [(i, s.error) for i, s in enumerate(ctx.module.snapshots) if s.error is not None]
+    return _WorkerResult(outcomes, ctx.pending_names, failures, list(ctx.module.errors_found))
 
 
 def _adopt(ctx: RuleContext, result: _WorkerResult) -> list[Outcome]:
