@@ -53,14 +53,15 @@ def assigned_names(statement: cst.CSTNode) -> list[str]:
     return names
 
 
-def _next_statement(source: Source, statement: cst.CSTNode) -> cst.CSTNode | None:
+def _sibling(source: Source, statement: cst.CSTNode, step: int) -> cst.CSTNode | None:
+    """The statement ``step`` places after ``statement`` in the same block (-1: the one before), or None."""
     parent = source.parent(statement)
     body = getattr(parent, "body", None)
     if not isinstance(body, (list, tuple)):
         return None
     for index, node in enumerate(body):
         if node is statement:
-            return body[index + 1] if index + 1 < len(body) else None
+            return body[index + step] if 0 <= index + step < len(body) else None
     return None
 
 
@@ -105,27 +106,8 @@ def _already(statement: cst.CSTNode | None, target: str, spec: Spec) -> bool:
     return call is not None and same(_constraint_spec(call), spec)
 
 
-def _uses(statement: cst.CSTNode, target: str) -> bool:
-    return any(dotted(node) == target for node in _walk(statement) if isinstance(node, (cst.Name, cst.Attribute)))
-
-
-def _walk(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(current.children)
-
-
-def _previous_statement(source: Source, statement: cst.CSTNode) -> cst.CSTNode | None:
-    parent = source.parent(statement)
-    body = getattr(parent, "body", None)
-    if not isinstance(body, (list, tuple)):
-        return None
-    for index, node in enumerate(body):
-        if node is statement:
-            return body[index - 1] if index > 0 else None
-    return None
+def _uses(source: Source, statement: cst.CSTNode, target: str) -> bool:
+    return any(dotted(node) == target for node in source.walk(statement) if isinstance(node, (cst.Name, cst.Attribute)))
 
 
 def _code_for(source: Source, imports: Imports, edit: SourceEdit, target: str, mesh: str) -> str:
@@ -164,7 +146,7 @@ def constrain(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Import
         target = assigned[0]
     if target not in assigned:
         raise CannotEdit(f"line {line} assigns {', '.join(assigned)}, not {target}")
-    following = _next_statement(source, statement)
+    following = _sibling(source, statement, 1)
     if _already(following, target, edit.spec):
         raise CannotEdit(f"{target} is already constrained to that right after line {line} (already applied?)")
     mesh = edit.mesh or source.mesh_variable(statement)
@@ -204,16 +186,16 @@ def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports,
     assert edit.spec is not None
     statement = source.statement_at(line)
     target = edit.target
-    if target is None or not _uses(statement, target):
+    if target is None or not _uses(source, statement, target):
         raise CannotEdit(f"line {line} does not use {target}")
     if _already(statement, target, edit.spec):
         raise CannotEdit(f"line {line} already constrains {target} to that (already applied?)")
     if not isinstance(statement, cst.SimpleStatementLine) and source.lines(statement)[0] != line:
         raise CannotEdit(f"line {line} is inside a compound statement's header")
-    previous = _previous_statement(source, statement)
+    previous = _sibling(source, statement, -1)
     while previous is not None and _constrains(previous, target) is False and isinstance(
-            previous, cst.SimpleStatementLine) and any(_constrains(previous, t) for t in _names_in(previous)):
-        previous = _previous_statement(source, previous)
+            previous, cst.SimpleStatementLine) and any(_constrains(previous, t) for t in _names_in(source, previous)):
+        previous = _sibling(source, previous, -1)
     if previous is not None and _already(previous, target, edit.spec):
         raise CannotEdit(f"{target} is already constrained to that right before line {line} (already applied?)")
     mesh = edit.mesh or source.mesh_variable(statement)
@@ -227,8 +209,8 @@ def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports,
     return {statement: [new, moved]}, imports, f"before line {line}: {code}"
 
 
-def _names_in(statement: cst.CSTNode) -> list[str]:
-    return [n.value for n in _walk(statement) if isinstance(n, cst.Name)]
+def _names_in(source: Source, statement: cst.CSTNode) -> list[str]:
+    return [n.value for n in source.walk(statement) if isinstance(n, cst.Name)]
 
 
 def _at_function_start(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:

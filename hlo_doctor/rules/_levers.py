@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hlo_doctor.findings import SourceEdit, SourceRef
-from hlo_doctor.rules._program import parsed_program, program_text
+from hlo_doctor.rules._program import call_name, parsed_program, program_text
 from hlo_doctor.rules._records import record_entries, user_line
 from hlo_doctor.rules._spec_sites import parameter_spec_site, parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
 
 __all__ = [
     "Lever",
+    "at_flax_rules",
     "flax_logical_rule",
     "jax_argument_constraint",
     "keras_layout_key",
@@ -65,11 +66,6 @@ class Lever:
 
 def _calls(tree: ast.AST, line: int) -> list[ast.Call]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line <= (n.end_lineno or n.lineno)]
-
-
-def _callee(call: ast.Call) -> str:
-    func = call.func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _strings(node: ast.expr) -> tuple[str | None, ...] | None:
@@ -140,6 +136,18 @@ def flax_logical_rule(record: Mapping[str, Any] | None, source_file: str | None,
     return Lever(summary, f"rules = {rules_text}", (edit,))
 
 
+
+def at_flax_rules(finding: Any, record: Mapping[str, Any] | None, dims: Sequence[DimAxes],
+                  framework: str | None) -> Any:
+    """``finding`` with its fix at the Flax linen logical axis rules when the program has them (see
+    :func:`flax_logical_rule`), unchanged otherwise."""
+    if finding.suggestion is None or finding.source is None:
+        return finding
+    edit = finding.suggestion.edits[0] if finding.suggestion.edits else None
+    target = edit.target if edit is not None and edit.target else ""
+    lever = flax_logical_rule(record, finding.source.file, finding.source.line, dims, target)
+    return with_lever(finding, lever, framework)
+
 def _rule_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return repr(tuple(value)) if len(value) != 1 else repr(value[0])
@@ -150,7 +158,7 @@ def _logical_constraints(scope: ast.AST) -> list[tuple[int, str | None, tuple[st
     """(line, constrained variable, logical axes) of each literal ``with_logical_constraint`` in ``scope``."""
     found = []
     for node in ast.walk(scope):
-        if isinstance(node, ast.Call) and _callee(node) == "with_logical_constraint" and len(node.args) >= 2:
+        if isinstance(node, ast.Call) and call_name(node) == "with_logical_constraint" and len(node.args) >= 2:
             names = _strings(node.args[1])
             if names is not None:
                 value = node.args[0].id if isinstance(node.args[0], ast.Name) else None
@@ -306,7 +314,7 @@ def nnx_partitioning(source_file: str | None, path: str, dims: Sequence[DimAxes]
             and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == layer
             and isinstance(node.value, ast.Call)]
     # a construction that already carries partitioning metadata is not the one that lost it
-    made = [n for n in made if not any(isinstance(c, ast.Call) and _callee(c) == "with_partitioning"
+    made = [n for n in made if not any(isinstance(c, ast.Call) and call_name(c) == "with_partitioning"
                                        for c in ast.walk(n.value))]
     if len(made) != 1 or source_file is None:
         return None
@@ -405,7 +413,7 @@ def _earlier_marks(record: Mapping[str, Any] | None, tree: ast.Module, where: tu
                 or line[1] >= where[1]:
             continue
         for node in _calls(tree, line[1]):
-            if _callee(node) == "mark_sharding" and node.args and isinstance(node.args[0], ast.Name) \
+            if call_name(node) == "mark_sharding" and node.args and isinstance(node.args[0], ast.Name) \
                     and node.args[0].id in names:
                 marks.setdefault(node.args[0].id, (line[1], spec))
     return marks
@@ -417,7 +425,7 @@ def _constructions(tree: ast.Module, class_name: str) -> list[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             names |= {a.asname for a in node.names if a.name == class_name and a.asname}
-    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and _callee(n) in names})
+    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and call_name(n) in names})
 
 
 # -- JAX: the traced function's argument ------------------------------------------------
@@ -543,11 +551,11 @@ def mesh_construction_rewritten(source_file: str | None, line: int | None,
     text = program_text(source_file)
     if tree is None or text is None or line is None:
         return None
-    calls = [c for c in _calls(tree, line) if c.lineno == line and _callee(c) in ("Mesh", "make_mesh", "DeviceMesh")]
+    calls = [c for c in _calls(tree, line) if c.lineno == line and call_name(c) in ("Mesh", "make_mesh", "DeviceMesh")]
     if len(calls) != 1:
         return None
     call = calls[0]
-    torch_mesh = _callee(call) == "Mesh" and len(call.args) >= 3  # xs.Mesh(ids, shape, names)
+    torch_mesh = call_name(call) == "Mesh" and len(call.args) >= 3  # xs.Mesh(ids, shape, names)
     shape_at, names_at = (1, 2) if torch_mesh else (0, 1)
     if len(call.args) <= names_at or not isinstance(call.args[names_at], (ast.Tuple, ast.List)):
         return None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hlo_doctor.examples.registry import local_program_file
 
-__all__ = ["parsed_program", "program_mesh_axes", "program_text", "recorded_parameter_path"]
+__all__ = ["call_name", "parsed_program", "program_mesh_axes", "program_text", "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
 _MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
@@ -38,6 +38,12 @@ def parsed_program(path: str | None) -> ast.Module | None:
     except OSError:
         return None
     return _parse(str(local), mtime)
+
+
+def call_name(call: ast.Call) -> str:
+    """The called name: ``Mesh`` of ``jax.sharding.Mesh(...)`` and of ``Mesh(...)`` ("" for anything else)."""
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def program_text(path: str | None) -> str | None:
@@ -77,8 +83,7 @@ def _mesh_axes(tree: ast.Module) -> tuple[tuple[Names, Shape], ...]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        name = call_name(node)
         if name not in _MESH_CALLS:
             continue
         candidates = [kw.value for kw in node.keywords if kw.arg in ("axis_names", "names")]

@@ -16,7 +16,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hlo_doctor.rules._program import parsed_program, program_text
+from hlo_doctor.rules._program import call_name, parsed_program, program_text
 
 __all__ = ["SpecSite", "parameter_spec_site", "parse_spec_text", "spec_site"]
 
@@ -73,18 +73,13 @@ def _literal_spec(nodes: list[ast.expr]) -> Spec | None:
     return tuple(spec)
 
 
-def _callee(node: ast.Call) -> str:
-    func = node.func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-
-
 def spec_site(path: str | None, line: int, old_spec: Spec) -> SpecSite | None:
     """The one ``P(...)`` literal writing ``old_spec`` that the sharding call on ``line`` reads."""
     tree = parsed_program(path)
     if tree is None:
         return None
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
-             and _callee(n) in _SHARDING_ARGUMENT]
+             and call_name(n) in _SHARDING_ARGUMENT]
     if len(calls) != 1:
         return None
     argument = _sharding_argument(calls[0])
@@ -101,7 +96,7 @@ def parameter_spec_site(path: str | None, name: str, old_spec: Spec) -> SpecSite
         return None
     made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
             and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name
-            and isinstance(n.value, ast.Call) and _callee(n.value) in ("ShapeDtypeStruct", "device_put")]
+            and isinstance(n.value, ast.Call) and call_name(n.value) in ("ShapeDtypeStruct", "device_put")]
     if len(made) != 1:
         return None
     argument = _sharding_argument(made[0].value)  # type: ignore[arg-type]
@@ -112,7 +107,7 @@ def _sharding_argument(call: ast.Call) -> ast.expr | None:
     for keyword in call.keywords:
         if keyword.arg in ("sharding", "shardings", "partition_spec"):
             return keyword.value
-    index = _SHARDING_ARGUMENT.get(_callee(call), 1)
+    index = _SHARDING_ARGUMENT.get(call_name(call), 1)
     return call.args[index] if index < len(call.args) else None
 
 
@@ -146,9 +141,9 @@ def _spec_literals(tree: ast.Module, node: ast.expr, line: int, hops: int) -> It
     their latest assignment."""
     if hops > _MAX_HOPS:
         return
-    if isinstance(node, ast.Call) and _callee(node) in _SPEC_CALLS or isinstance(node, ast.Tuple):
+    if isinstance(node, ast.Call) and call_name(node) in _SPEC_CALLS or isinstance(node, ast.Tuple):
         yield node
-    elif isinstance(node, ast.Call) and _callee(node) == "NamedSharding" and len(node.args) >= 2:
+    elif isinstance(node, ast.Call) and call_name(node) == "NamedSharding" and len(node.args) >= 2:
         yield from _spec_literals(tree, node.args[1], line, hops + 1)
     elif isinstance(node, ast.IfExp):
         yield from _spec_literals(tree, node.body, line, hops + 1)

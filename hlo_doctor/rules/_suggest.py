@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hlo_doctor.findings import SourceEdit
-from hlo_doctor.rules._program import parsed_program
+from hlo_doctor.rules._program import call_name, parsed_program
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
 
@@ -189,7 +189,7 @@ def mesh_expression(source_file: str | None, line: int | None) -> str | None:
     if tree is None or line is None:
         return None
     bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-             and _call_name(n.value) in _MESH_BUILDERS for t in n.targets if isinstance(t, ast.Name)}
+             and call_name(n.value) in _MESH_BUILDERS for t in n.targets if isinstance(t, ast.Name)}
     if not bound:
         return None
     chain = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -211,10 +211,4 @@ def mesh_expression(source_file: str | None, line: int | None) -> str | None:
                   } if owner is not None else set()
         if len(stored) == 1:
             return f"self.{stored.pop()}"
-    # a closure over main's mesh: a function defined inside the function that builds it
     return None
-
-
-def _call_name(call: ast.Call) -> str:
-    func = call.func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""

@@ -17,7 +17,7 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._levers import flax_logical_rule, with_lever
+from hlo_doctor.rules._levers import at_flax_rules
 from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -263,7 +263,7 @@ class ActivationAllGather(Rule):
             },
         )
         finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
-        return _at_flax_rules(ctx, finding, spec)
+        return at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework)
 
 
 def _consuming_dot(analysis: BatchAnalysis, start: NodeKey, limit: int = 64) -> tuple[NodeKey, NodeKey] | None:
@@ -368,13 +368,3 @@ def _producing_dot(graph, key: NodeKey, limit: int = 8) -> str | None:  # noqa: 
             if instruction.opcode not in ("parameter", "constant"):
                 queue.append(source)
     return None
-
-
-def _at_flax_rules(ctx: RuleContext, finding: Finding, spec: list) -> Finding:
-    """In a Flax linen program the logical axis rules decide the activation's sharding: fix them."""
-    if finding.suggestion is None or finding.source is None:
-        return finding
-    edit = finding.suggestion.edits[0] if finding.suggestion.edits else None
-    target = edit.target if edit is not None and edit.target else ""
-    lever = flax_logical_rule(ctx.dump.run_record, finding.source.file, finding.source.line, spec, target)
-    return with_lever(finding, lever, ctx.framework)

@@ -17,7 +17,7 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._levers import flax_logical_rule, user_constraint_respec, with_lever
+from hlo_doctor.rules._levers import at_flax_rules, user_constraint_respec, with_lever
 from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -203,7 +203,7 @@ class NonBatchDimSharding(Rule):
             },
         )
         finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
-        at_rules = _at_flax_rules(ctx, finding, spec)
+        at_rules = at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework)
         if at_rules is not finding or finding.source is None:
             return at_rules
         # the user's own constraint a line on may be what splits the features
@@ -221,13 +221,3 @@ def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
         return tiles_per_dim(sharding, rank)
     except ValueError:
         return None
-
-
-def _at_flax_rules(ctx: RuleContext, finding: Finding, spec: list) -> Finding:
-    """In a Flax linen program the logical axis rules decide the activation's sharding: fix them."""
-    if finding.suggestion is None or finding.source is None:
-        return finding
-    edit = finding.suggestion.edits[0] if finding.suggestion.edits else None
-    target = edit.target if edit is not None and edit.target else ""
-    lever = flax_logical_rule(ctx.dump.run_record, finding.source.file, finding.source.line, spec, target)
-    return with_lever(finding, lever, ctx.framework)
