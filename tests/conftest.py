@@ -25,6 +25,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.fixture
+def matches_snapshot(request: pytest.FixtureRequest):
+    """``check(snapshot, produced)``: assert ``produced`` is the reviewed text in ``snapshot``
+    (with ``--update-snapshots``, write it there instead)."""
+    def check(snapshot: Path, produced: str) -> None:
+        if request.config.getoption("--update-snapshots"):
+            snapshot.write_text(produced)
+            return
+        assert snapshot.is_file(), f"no snapshot {snapshot.name}: run with --update-snapshots"
+        assert produced == snapshot.read_text()
+    return check
+
+
 PROGRAMS = Path(__file__).resolve().parents[1] / "hlo_doctor" / "examples" / "programs"
 
 

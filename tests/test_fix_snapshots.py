@@ -59,17 +59,12 @@ CASES = [folder for folder in BAD if fix_plan(folder)[0] is not None]
 
 
 @pytest.mark.parametrize("folder", CASES, ids=lambda p: f"{p.parent.name}-{p.name}")
-def test_fix_diff_matches_snapshot(folder: Path, request: pytest.FixtureRequest) -> None:
+def test_fix_diff_matches_snapshot(folder: Path, matches_snapshot) -> None:
     plan, produced = fix_plan(folder)
     assert plan is not None
     for path, text in plan.patched.items():
         ast.parse(text, filename=path)
-    snapshot = SNAPSHOTS / f"{folder.parent.name}-{folder.name}.diff"
-    if request.config.getoption("--update-snapshots"):
-        snapshot.write_text(produced)
-        return
-    assert snapshot.is_file(), f"no snapshot {snapshot.name}: run with --update-snapshots"
-    assert produced == snapshot.read_text()
+    matches_snapshot(SNAPSHOTS / f"{folder.parent.name}-{folder.name}.diff", produced)
 
 
 @pytest.mark.parametrize("folder", CASES, ids=lambda p: f"{p.parent.name}-{p.name}")

@@ -48,13 +48,8 @@ def reports():
 @pytest.mark.parametrize("output_format", FORMATS)
 @pytest.mark.parametrize("case", CASES)
 def test_report_matches_snapshot(
-    case: str, output_format: str, reports, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    case: str, output_format: str, reports, matches_snapshot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(ROOT)  # SARIF and annotations write paths relative to the checkout
     produced = normalize(render(reports[case], output_format, color=False, width=110), CASES[case])
-    snapshot = SNAPSHOTS / f"{case}.{output_format}.{SUFFIX[output_format]}"
-    if request.config.getoption("--update-snapshots"):
-        snapshot.write_text(produced)
-        return
-    assert snapshot.is_file(), f"no snapshot {snapshot.name}: run with --update-snapshots"
-    assert produced == snapshot.read_text()
+    matches_snapshot(SNAPSHOTS / f"{case}.{output_format}.{SUFFIX[output_format]}", produced)
