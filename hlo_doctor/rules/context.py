@@ -320,6 +320,13 @@ class RuleContext:
         return build_graph(module) if module is not None else None
 
     @cached_property
+    def sharded_graph(self) -> DataflowGraph | None:
+        """The dataflow graph of :attr:`sharded` (global shapes, propagated shardings), built once
+        for every rule that reads it."""
+        module = self.sharded
+        return build_graph(module) if module is not None else None
+
+    @cached_property
     def dot_flops(self) -> float:
         """Per-device FLOPs of dots and convolutions per step (while bodies times their trip count)."""
         module = self.per_device

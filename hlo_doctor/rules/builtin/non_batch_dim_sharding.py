@@ -105,7 +105,9 @@ class NonBatchDimSharding(Rule):
             raise RuleSkipped("no after-propagation snapshot (the propagated shardings are needed)")
         if ctx.num_partitions <= 1:
             return
-        graph = build_graph(module)
+        # the shared graph when ctx.sharded is this after-propagation module (it is whenever one exists)
+        graph = ctx.sharded_graph if ctx.sharded is module else None
+        graph = graph if graph is not None else build_graph(module)
         analysis = analyze_batch(ctx, module, graph, per_device=False)
         if not analysis.batch_inputs:
             return

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.findings import SourceEdit
-from hlo_doctor.graph.dataflow import DataflowGraph, build_graph
+from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
@@ -162,7 +162,8 @@ class ReplicatedBatch(Rule):
         module = ctx.sharded
         if module is None or module.entry is None:
             raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
-        graph = build_graph(module)
+        graph = ctx.sharded_graph
+        assert graph is not None
         activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates)
         if activation_flops <= 0:
             return

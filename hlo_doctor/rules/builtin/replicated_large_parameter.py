@@ -6,7 +6,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._batch import buffer_donors
@@ -188,7 +187,8 @@ def _dim_from_uses(ctx: RuleContext, param: Instruction, shape, axes, shard_coun
     twin = next((p for p in module.entry.parameters() if p.parameter_number == param.parameter_number), None)
     if twin is None or tuple(twin.shape.dims) != tuple(shape):
         return None
-    return weight_shard_dim(build_graph(module), twin, shape, axes, shard_count, ctx.mesh)
+    graph = ctx.sharded_graph
+    return weight_shard_dim(graph, twin, shape, axes, shard_count, ctx.mesh) if graph is not None else None
 
 
 def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None]:
