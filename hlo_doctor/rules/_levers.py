@@ -201,7 +201,7 @@ _INDEXED = re.compile(r"_\d+(?=/|$)")
 
 
 def keras_layout_key(record: Mapping[str, Any] | None, shape: Sequence[int],
-                     dims: Sequence[DimAxes], path: str | None = None) -> Lever | None:
+                     dims: Sequence[DimAxes], path: str) -> Lever | None:
     """``layout_map[key] = spec`` for the Keras variable ``path`` that no key matched.
 
     The runner records every variable the distribution looked up and the key that matched it
@@ -209,46 +209,25 @@ def keras_layout_key(record: Mapping[str, Any] | None, shape: Sequence[int],
     their shapes. The key generalizes the layer index (``decoder_block_\\d+/ffw_gating/kernel``)
     when every variable it would then match is unmatched and of this shape, else it is the path
     itself; it goes after the program's last key. The edit is the same for every variable the key
-    matches (one fix). Without ``path`` (a record without the state's variables), the unmatched
-    kernels are all named.
+    matches (one fix). A parameter whose path the record does not give gets no key: which
+    variable it is would be a guess.
     """
     layouts = list(record_entries(record, "keras", "layouts"))
     where = user_line(layouts[-1]) if layouts else None
-    if where is None:
+    found = _keras_key(record, path, shape, {str(e.get("key")) for e in layouts}) if where is not None else None
+    if where is None or found is None:
         return None
-    covered: tuple[str, ...] = ()
-    if path is not None:
-        found = _keras_key(record, path, shape, {str(e.get("key")) for e in layouts})
-        if found is None:
-            return None
-        key, covered = found
-        paths = [key]
-    else:
-        # match by the key's pattern only: the unmatched kernels remain
-        variables = [v for v in record_entries(record, "keras", "variables") if v.get("matched_key") is None]
-        paths = sorted({_layer_pattern(str(v.get("path"))) for v in variables
-                        if str(v.get("path", "")).endswith("/kernel")})
-    if not paths:
-        return None
+    key, covered = found
     spec = spec_tuple(dims)
-    value = torch_spec(dims)
     mapping = _subscripted_name(where) or "layout_map"
-    lines = [f'{mapping}[r"{p}"] = {value}' for p in paths]
-    if path is not None:
-        # one key, one edit: every variable the key covers gets the same one (target: the first)
-        edits = (SourceEdit("layout-map-key", "jax", target=covered[0], spec=spec, file=where[0], line=where[1],
-                            details={"key": paths[0], "paths": covered}),)
-        also = [p for p in covered if p != path]
-        summary = (f"No key of the LayoutMap matches {path}, so Keras replicates it on every device: "
-                   f'add the key r"{paths[0]}" after line {where[1]}'
-                   + (f" (it also matches {', '.join(also)})" if also else ""))
-    else:
-        edits = tuple(SourceEdit("layout-map-key", "jax", target=p, spec=spec, file=where[0], line=where[1],
-                                 details={"key": p}) for p in paths)
-        summary = (f"No key of the LayoutMap matches {', '.join(paths)}, so Keras replicates "
-                   f"{'them' if len(paths) > 1 else 'it'} on every device: add "
-                   f"{'keys' if len(paths) > 1 else 'a key'} after line {where[1]}")
-    return Lever(summary, "\n".join(lines), edits)
+    # one key, one edit: every variable the key covers gets the same one (target: the first)
+    edit = SourceEdit("layout-map-key", "jax", target=covered[0], spec=spec, file=where[0], line=where[1],
+                      details={"key": key, "paths": covered})
+    also = [p for p in covered if p != path]
+    summary = (f"No key of the LayoutMap matches {path}, so Keras replicates it on every device: "
+               f'add the key r"{key}" after line {where[1]}'
+               + (f" (it also matches {', '.join(also)})" if also else ""))
+    return Lever(summary, f'{mapping}[r"{key}"] = {torch_spec(dims)}', (edit,))
 
 
 def _keras_key(record: Mapping[str, Any] | None, path: str, shape: Sequence[int],
@@ -352,7 +331,7 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
     call = next((c for c in _calls(tree, where[1]) if c.lineno == where[1]), None)
     names = [a.id for a in (call.args if call else []) if isinstance(a, ast.Name)]
     names += [k.value.id for k in (call.keywords if call else []) if isinstance(k.value, ast.Name)]
-    names = [n for n in dict.fromkeys(names) if n not in ("model", "self")]
+    names = list(dict.fromkeys(names))
     if not names:
         return None
     spec = spec_tuple(dims)

@@ -248,7 +248,8 @@ def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, 
     record = ctx.dump.run_record
     path = name.split(" (")[0] if " (" in name else None  # a recorded variable path of a positional state
     if isinstance(record, dict) and record.get("keras"):
-        return with_lever(finding, keras_layout_key(record, shape, spec, path), ctx.framework)
+        lever = keras_layout_key(record, shape, spec, path) if path is not None else None
+        return with_lever(finding, lever, ctx.framework)
     if path is not None:
         return with_lever(finding, nnx_partitioning(ctx.program_path, path, spec), ctx.framework)
     return with_lever(finding, parameter_respec(ctx.program_path, target, spec, ctx.framework), ctx.framework)
