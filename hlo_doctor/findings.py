@@ -69,7 +69,13 @@ class SourceEdit:
     source edit (or says why it cannot). ``kind`` is one of :data:`EDIT_KINDS`:
 
     * ``constrain``: after the statement on ``file``:``line`` that assigns ``target``, constrain
-      ``target`` to ``spec`` (``jax.lax.with_sharding_constraint`` / ``xs.mark_sharding``).
+      ``target`` to ``spec`` (``jax.lax.with_sharding_constraint`` / ``xs.mark_sharding``);
+      ``details["position"]`` ``"before"`` puts it before the statement that uses ``target``,
+      ``"function-start"`` first in the function defined on the line, and ``"in-place"`` rewrites
+      the sharding of the constraint of ``target`` that the line itself is.
+    * ``axes``: line ``line`` writes the mesh axes ``old_spec[0]`` (a string or a tuple of strings)
+      that several specs read as one dim's entry, through the variable ``details["variable"]``;
+      write ``spec[0]`` instead.
     * ``respec``: the sharding call on ``file``:``line`` (``mark_sharding``, ``P(...)`` in a
       ``NamedSharding``, ``with_sharding_constraint``, ``device_put``, ``in_shardings``) writes
       ``old_spec`` for ``target``; write ``spec`` instead.
@@ -102,7 +108,7 @@ class SourceEdit:
     details: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
-EDIT_KINDS = ("constrain", "respec", "mesh", "logical-rule", "layout-map-key", "with-partitioning",
+EDIT_KINDS = ("constrain", "respec", "axes", "mesh", "logical-rule", "layout-map-key", "with-partitioning",
               "shard-output", "xla-flag")
 
 

@@ -145,6 +145,7 @@ def _shard_output(**details) -> SourceEdit:
 def test_shard_output_defined_before_the_statement_and_passed():
     out = patched(FSDP, _shard_output(rank=3, attribute="logits"), line=9)
     assert out.splitlines()[8:] == [
+        "",
         "    def shard_output(output, mesh):",
         '        real = output.logits if hasattr(output, "logits") else output',
         "        real = real[0] if isinstance(real, tuple) else real",
@@ -152,13 +153,14 @@ def test_shard_output_defined_before_the_statement_and_passed():
         "",
         "    model = FSDPv2(model, mesh=mesh, shard_output=shard_output)"]
     ast.parse(out)
-    assert "already passes shard_output" in refused(out, _shard_output(rank=3, attribute="logits"), line=14)
+    assert "already passes shard_output" in refused(out, _shard_output(rank=3, attribute="logits"), line=15)
 
 
 def test_shard_output_in_a_loop_goes_before_the_loop():
     out = patched(FSDP, _shard_output(rank=3), line=8)
     lines = out.splitlines()
-    assert lines[6:10] == ["    def shard_output(output, mesh):",
+    assert lines[6:11] == ["",
+                           "    def shard_output(output, mesh):",
                            '        xs.mark_sharding(output, mesh, (("replica", "fsdp"), None, None))',
                            "",
                            "    for i, layer in enumerate(model.model.layers):"]

@@ -99,7 +99,12 @@ def _known_rules(select: list[str], registry) -> list[str]:  # noqa: ANN001
               help="--verify, JAX only: compile for a GPU cluster or TPU slice without the hardware "
                    "(as for `hlo-doctor run --target`).")
 @click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="--verify: keep the dumps before and after in DIR/before and DIR/after.")
+              help="--verify: keep the dumps before and after in DIR/before and DIR/after (DIR/after-2... for "
+                   "later rounds).")
+@click.option("--rounds", type=click.IntRange(min=1),
+              help="--verify: patch and recompile at most this many times (default 3): a new warning the "
+                   "recompiled copy shows, when its edit can be made, is patched in the copy and the copy "
+                   "recompiled again.")
 @some_analysis_options(*RULE_OPTIONS)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[DUMP | -- python SCRIPT [ARGS]...]")
 @input_errors_exit_2
@@ -130,7 +135,7 @@ def fix_command(write, select, output_format, verify, command, **options):
         if len(command) != 1:
             raise InputError("give one DUMP (or --verify -- python SCRIPT [ARGS])")
         for name, key in (("-o", "output"), ("--devices", "devices"), ("--target", "target"),
-                          ("--dump-dir", "dump_dir")):
+                          ("--dump-dir", "dump_dir"), ("--rounds", "rounds")):
             if options[key] is not None:
                 raise InputError(f"{name} needs --verify")
         _fix_dump(command[0], analysis, chosen, write, output_format, options["path_map"])
@@ -202,7 +207,7 @@ def _fix_verify(command, analysis, select, write, output_format, options) -> Non
         result = verify_fix(
             script, args, work_dir=options["dump_dir"], output=output, write=write, select=select, python=python,
             devices=devices, devices_per_host=config.devices_per_host.value, target=gpu_target,
-            framework="jax" if gpu_target is not None else None, analysis=analysis,
+            framework="jax" if gpu_target is not None else None, analysis=analysis, rounds=options["rounds"] or 3,
         )
     except NotImplementedError:
         raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None

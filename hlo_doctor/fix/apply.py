@@ -30,7 +30,7 @@ from hlo_doctor.fix.imports import Imports
 from hlo_doctor.fix.locate import CannotEdit, Source
 from hlo_doctor.fix.mesh_edits import mesh
 from hlo_doctor.fix.shard_output import shard_output
-from hlo_doctor.fix.specs import respec
+from hlo_doctor.fix.specs import reaxes, respec
 from hlo_doctor.fix.third_party_edits import layout_map_key, logical_rule, with_partitioning
 
 __all__ = ["diff", "plan_fixes", "resolve_path"]
@@ -47,9 +47,19 @@ def _respec(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports 
     return changes, None, description
 
 
+def _reaxes(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports | None, str]:
+    if not edit.spec or not edit.old_spec:
+        raise CannotEdit("the edit gives no axes")
+    variable = edit.details.get("variable")
+    changes, description = reaxes(source, line, str(variable) if variable else None, edit.old_spec[0],
+                                  edit.spec[0])
+    return changes, None, description
+
+
 HANDLERS: dict[str, Handler] = {
     "constrain": constrain,
     "respec": _respec,
+    "axes": _reaxes,
     "mesh": mesh,
     "logical-rule": logical_rule,
     "layout-map-key": layout_map_key,

@@ -8,7 +8,7 @@ Where the statement is already followed by a constraint of the variable to anoth
 (``h = with_sharding_constraint(h, hidden)``), that constraint's sharding is rewritten instead of
 a second one added. ``details["position"]`` may put the constraint ``"before"`` the statement
 that uses the variable (a model call) or at the ``"function-start"`` of the function defined on
-the line.
+the line; ``"in-place"`` rewrites the sharding of the constraint that the line is.
 
 Refused: a line that assigns no variable (``return f(h)``: binding the value first would
 change more than one line, so the user is told to), a variable the line does not assign, no mesh
@@ -133,6 +133,8 @@ def constrain(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Import
         return _at_function_start(source, edit, line)
     if position == "before":
         return _before(source, edit, line)
+    if position == "in-place":
+        return _in_place(source, edit, line)
     statement = source.statement_at(line)
     assigned = assigned_names(statement)
     target = edit.target
@@ -180,6 +182,25 @@ def _rewrite(source: Source, imports: Imports, edit: SourceEdit, call: cst.Call,
                                        for i, a in enumerate(call.args)])
     return {call: new_call}, imports, (f"line {line}: the constraint's {cst.Module([]).code_for_node(old)} "
                                        f"-> {value}")
+
+
+def _in_place(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:
+    """The line is the constraint (``x = with_sharding_constraint(x, layouts[i % 2])``): its
+    sharding becomes the edit's literal spec."""
+    assert edit.spec is not None
+    statement = source.statement_at(line)
+    calls = [c for c in source.calls_on(line, "with_sharding_constraint", "mark_sharding")
+             if c.args and (edit.target is None or dotted(c.args[0].value) == edit.target)]
+    if len(calls) != 1:
+        raise CannotEdit(f"line {line} is not one sharding constraint of {edit.target or 'a value'}")
+    call = calls[0]
+    if same(_constraint_spec(call), edit.spec):
+        raise CannotEdit(f"line {line} already constrains {dotted(call.args[0].value) or 'it'} to that "
+                         "(already applied?)")
+    mesh = edit.mesh or ""
+    if not mesh and (dotted(call.func) or "").rsplit(".", 1)[-1] != "mark_sharding":  # a mark names its mesh itself
+        mesh = source.mesh_variable(statement)
+    return _rewrite(source, Imports(source), edit, call, mesh)
 
 
 def _before(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imports, str]:

@@ -76,7 +76,8 @@ def shard_output(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
                   and cst.Module([]).code_for_node(s.body).strip() == body.strip()), None)
     if reuse is not None:  # made by an earlier edit (another wrapper) or by the user: pass that one
         name = reuse
-    function = cst.parse_statement(f"def {name}(output, mesh):\n{body}")
+    function = cst.parse_statement(f"def {name}(output, mesh):\n{body}").with_changes(
+        leading_lines=[cst.EmptyLine(indent=False)])  # set off from the statement above
     if existing is not None:
         passed = dotted(existing.value)
         same = [s for s in source.own_statements(scope) if isinstance(s, cst.FunctionDef) and s.name.value == passed

@@ -5,6 +5,8 @@ first, or None). :func:`entries` writes it in the program's quote style (``"fsdp
 ``("fsdp", "replica")``, ``None``); :func:`from_literal` reads one back from a ``P(...)`` call
 or a ``mark_sharding`` tuple; :func:`same` compares two, trailing Nones ignored
 (``P("fsdp")`` and ``P("fsdp", None)`` shard a matrix the same way).
+:func:`reaxes` is the ``axes`` edit: one dim's axes written once, as a string or a tuple of
+strings (``batch = "fsdp" if bad else ...``), rewritten where they are written.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import libcst as cst
 from hlo_doctor.findings import DimAxes
 from hlo_doctor.fix.locate import CannotEdit, Source, dotted, is_literal, literal
 
-__all__ = ["axes_code", "entries", "from_literal", "respec", "same", "tuple_code"]
+__all__ = ["axes_code", "entries", "from_literal", "reaxes", "respec", "same", "tuple_code"]
 
 Spec = tuple[DimAxes, ...]
 
@@ -154,3 +156,47 @@ def respec(source: Source, line: int, target: str | None, old: Spec | None, new:
         replacement = cst.parse_expression(tuple_code(new, quote))
     written = cst.Module([]).code_for_node(replacement)
     return {node: replacement}, f"line {line}: {cst.Module([]).code_for_node(node)} -> {written}"
+
+
+def _axes_value(node: cst.CSTNode) -> tuple[str, ...] | None:
+    value = literal(node) if isinstance(node, cst.BaseExpression) else None
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def reaxes(source: Source, line: int, variable: str | None, old: DimAxes, new: DimAxes,
+           ) -> tuple[dict[cst.CSTNode, cst.CSTNode], str]:
+    """Rewrite the one literal on ``line`` that writes the axes ``old`` (in the assignment of
+    ``variable`` when one is named) to ``new``; CannotEdit when none or several do."""
+    if not old or not new:
+        raise CannotEdit("the edit names no axes to rewrite")
+    statement = source.statement_at(line)
+    scope: cst.CSTNode = statement
+    if variable is not None and isinstance(statement, cst.SimpleStatementLine):
+        assigns = [s for s in statement.body if isinstance(s, cst.Assign)
+                   and any(dotted(t.target) == variable for t in s.targets)]
+        if len(assigns) != 1:
+            raise CannotEdit(f"line {line} does not assign {variable}")
+        scope = assigns[0].value
+    nodes = [n for n in source.walk(scope) if isinstance(n, (cst.SimpleString, cst.ConcatenatedString, cst.Tuple,
+                                                                cst.List)) and source.lines(n)[0] == line]
+    axes = [n for n in nodes if _axes_value(n) is not None]
+    inner = {id(m) for n in axes for m in source.walk(n) if m is not n}  # "fsdp" of ("data", "fsdp")
+    nodes = [n for n in axes if id(n) not in inner]
+    writes = [n for n in nodes if _axes_value(n) == tuple(old)]
+    quote = source.quote()
+    if not writes:
+        if any(_axes_value(n) == tuple(new) for n in nodes):
+            raise CannotEdit(f"line {line} already writes {axes_code(new, quote)} (already applied?)")
+        raise CannotEdit(f"line {line} writes no {axes_code(old, quote)}")
+    if len(writes) > 1:
+        raise CannotEdit(f"line {line} writes {axes_code(old, quote)} {len(writes)} times: which one is meant is "
+                         "ambiguous")
+    node = writes[0]
+    replacement = cst.parse_expression(axes_code(new, quote))
+    return {node: replacement}, (f"line {line}: {cst.Module([]).code_for_node(node)} -> "
+                                 f"{cst.Module([]).code_for_node(replacement)}"
+                                 + (f" (the axes {variable} holds)" if variable else ""))

@@ -177,11 +177,15 @@ def verify_fix(
     framework: str | None = None,
     echo_stderr: bool = False,
     analysis: Mapping[str, Any] | None = None,
+    rounds: int = 3,
 ) -> Verification:
     """Run ``script``, plan its fixes, recompile the patched copy and diagnose both (module docstring).
 
-    ``work_dir`` keeps the two dumps (``before/``, ``after/``); by default they go to a scratch
-    folder that is removed. ``analysis``: keyword arguments of :func:`analyze_dump` (rules,
+    ``work_dir`` keeps the dumps (``before/``, ``after/``, ``after-2/``...); by default they go to a
+    scratch folder that is removed. ``rounds``: how many times at most the copy is patched and
+    recompiled: a fix can uncover the next problem (the batch, once split, shows an op the
+    compiler gave its weight's sharding), and a new warning whose edit can be made is patched in
+    the copy and the copy recompiled again (see :func:`_next_round`). ``analysis``: keyword arguments of :func:`analyze_dump` (rules,
     options, hardware); ``devices_per_host`` is passed to it too. Raises what the runner
     raises (:class:`~hlo_doctor.runner.run.RunError` when the original script fails); a patched copy
     that fails is a problem of the result (``problems``), not an exception.
@@ -220,6 +224,10 @@ def verify_fix(
         outcomes, new = match_findings(before_report.findings, result.after.findings, maps)
         result.targeted = tuple(o for o in outcomes if any(o.finding is t for t in targets))
         result.new = new
+        for round_number in range(2, rounds + 1):
+            if not _next_round(result, script, program, copy, args, dumps / f"after-{round_number}", run,
+                               options, scratch / "overlay", round_number):
+                break
         if write and result.ok:
             changed = plan.changed
             for path in changed:
@@ -228,6 +236,46 @@ def verify_fix(
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _next_round(result: Verification, script: Path, program: str, copy: Path, args: Sequence[str], dump_dir: Path,
+                run: Mapping[str, Any], options: Mapping[str, Any], overlay: Path, round_number: int) -> bool:
+    """Patch the copy for the new warnings of the last recompile that have edits, recompile and
+    diagnose again; False (and ``result`` unchanged) when there is nothing to do or it cannot be
+    done. The plan becomes the original's text to the copy's latest, its edits those of every
+    round; the new warnings patched become targeted findings of their own."""
+    follow = [f for f in result.new if f.severity.rank <= _WARNING and f.suggestion is not None
+              and f.suggestion.edits]
+    if not follow or len(follow) != len(result.new_warnings):
+        return False  # a new warning without an edit stays a failure, whatever else is patched
+    copy_text = copy.read_text(encoding="utf-8")
+    plan = _fix.plan_fixes(follow, program=str(copy), sources={str(copy.resolve()): copy_text, str(copy): copy_text})
+    changed = plan.changed
+    if plan.refused or not changed or any(not _same_file(Path(p).resolve(), copy.resolve()) for p in changed):
+        return False
+    patched_text = plan.patched[changed[0]]
+    write_atomically(copy, patched_text)
+    try:
+        after_dump = run_script(copy, args, dump_dir=dump_dir, env=_import_env(overlay, script.resolve().parent),
+                                **run).dump_dir
+    except RunError as error:
+        tail = "; ".join(line for line in error.stderr_tail[-3:] if line.strip())
+        result.problems = (f"the copy patched again (round {round_number}) failed: exit code {error.returncode}: "
+                           f"{tail}",)
+        return True
+    after, traffic = _diagnose(after_dump, options)
+    original_key = next(p for p in result.plan.patched if _same_file(Path(p).resolve(), Path(program).resolve()))
+    result.plan.patched[original_key] = patched_text
+    result.plan.applied.extend(_fix.PlannedEdit(e.finding, e.edit, f"after recompiling (round {round_number}): "
+                                                                    f"{e.description}") for e in plan.applied)
+    targets = [o.finding for o in result.targeted]
+    outcomes, unmatched = match_findings(targets, after.findings, _line_maps(result.plan, program, copy))
+    copy_map = {copy.name: (copy.name, LineMap(copy_text, patched_text))}
+    follow_outcomes, new = match_findings(follow, unmatched, copy_map)
+    result.targeted = outcomes + follow_outcomes
+    result.new = new
+    result.after, result.after_traffic = after, traffic
+    return True
 
 
 def _import_env(*paths: Path) -> dict[str, str]:

@@ -31,7 +31,7 @@ from typing import Any
 from hlo_doctor.findings import SourceEdit, SourceRef
 from hlo_doctor.rules._program import call_name, parsed_program, program_text
 from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._spec_sites import parameter_spec_site, parse_spec_text, spec_site
+from hlo_doctor.rules._spec_sites import AxesSite, axes_site, parameter_spec_site, parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
 
 __all__ = [
@@ -339,15 +339,21 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
     edits: list[SourceEdit] = []
     lines: list[str] = []
     unresolved = []
+    shared: list[AxesSite] = []
     for n in names:
         if n in marked:  # torch_xla refuses a second mark: the program's own mark is the one to change
             line, old = marked[n]
             site = spec_site(where[0], line, old)
-            if site is None:
-                unresolved.append(f"line {line}")
-            else:
+            axes = axes_site(where[0], line, 0, old[0]) if site is None and old and old[0] else None
+            if site is not None:
                 edits.append(SourceEdit("respec", "torch_xla", target=n, spec=spec, old_spec=old, file=where[0],
                                         line=site.line))
+            elif axes is not None:  # (batch_axes, None) with batch_axes = "fsdp" a few lines up
+                shared.append(axes)
+                edits.append(SourceEdit("axes", "torch_xla", spec=spec[:1], old_spec=old[:1], file=where[0],
+                                        line=axes.line, details={"variable": axes.variable}))
+            else:
+                unresolved.append(f"line {line}")
             lines += [f"xs.clear_sharding({n})  # line {line} marks it {torch_spec(old)}",
                       f"xs.mark_sharding({n}, mesh, {torch_spec(dims)})"]
             continue
@@ -358,6 +364,8 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
     wrappers = _constructions(tree, _FSDPV2) if wrapped else []
     output_dims: list[DimAxes] = [dims[0], None, None]
     for line in wrappers:
+        if _passes_marks_of(tree, where[0], line, shared):
+            continue  # its shard_output marks through the axes the edit above rewrites
         edits.append(SourceEdit("shard-output", "torch_xla", spec=spec_tuple(output_dims), file=where[0], line=line,
                                 details={"rank": 3, "attribute": "logits"}))
     if wrappers:
@@ -378,6 +386,24 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
                   "over 'fsdp' alone)" if wrappers else ""))
     return Lever(summary, "\n".join(lines), () if no_edit else tuple(dict.fromkeys(edits)), where, then=True,
                  no_edit=no_edit)
+
+
+def _passes_marks_of(tree: ast.Module, path: str, line: int, sites: Sequence[AxesSite]) -> bool:
+    """The FSDPv2 wrapper on ``line`` passes ``shard_output=f`` for a function ``f`` of the program
+    whose every mark takes dim 0's axes from one of ``sites``."""
+    if not sites:
+        return False
+    for call in _calls(tree, line):
+        passed = next((k.value for k in call.keywords if k.arg == "shard_output"), None)
+        if not isinstance(passed, ast.Name):
+            continue
+        functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == passed.id]
+        marks = [m for f in functions for m in ast.walk(f) if isinstance(m, ast.Call)
+                 and call_name(m) == "mark_sharding"]
+        if len(functions) == 1 and marks and all(
+                any(axes_site(path, m.lineno, 0, s.axes) == s for s in sites) for m in marks):
+            return True
+    return False
 
 
 def _earlier_marks(record: Mapping[str, Any] | None, tree: ast.Module, where: tuple[str, int],

@@ -8,6 +8,13 @@ a call on a line (assignments in the enclosing functions and the module, both
 branches of a conditional) to the ``P(...)``/``PartitionSpec(...)`` literals
 whose value is the spec the HLO shows, and returns the one site when exactly
 one matches.
+
+A spec may also take one dim's axes from a name (``batch = "fsdp" if bad else ("data",
+"fsdp")`` read as ``P(batch, None)`` by the input's sharding and by every constraint, through a
+dict of specs or a list of shardings): :func:`axes_site` follows that dim's entry back to the
+one literal that writes the axes the HLO shows, so that one edit there changes every spec that
+reads it. It is given only when every read of that name in the file is that dim's entry of a
+spec, so the edit cannot change anything else.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from dataclasses import dataclass
 
 from hlo_doctor.rules._program import call_name, parsed_program, program_text
 
-__all__ = ["SpecSite", "parameter_spec_site", "parse_spec_text", "spec_site"]
+__all__ = ["AxesSite", "SpecSite", "axes_site", "parameter_axes_site", "parameter_spec_site", "parse_spec_text",
+           "spec_site"]
 
 Spec = tuple[tuple[str, ...] | None, ...]
 _SPEC_CALLS = ("P", "PartitionSpec")
@@ -34,6 +42,19 @@ class SpecSite:
     line: int
     text: str
     spec: Spec
+    line_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AxesSite:
+    """The literal that writes one dim's mesh axes (``"fsdp"``, ``("data", "fsdp")``) for the specs
+    that read it, and the variable it is bound to when they read it through one."""
+
+    line: int
+    column: int
+    text: str
+    axes: tuple[str, ...]
+    variable: str | None
     line_text: str
 
 
@@ -78,29 +99,40 @@ def spec_site(path: str | None, line: int, old_spec: Spec) -> SpecSite | None:
     tree = parsed_program(path)
     if tree is None:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
-             and call_name(n) in _SHARDING_ARGUMENT]
-    if len(calls) != 1:
-        return None
-    argument = _sharding_argument(calls[0])
+    call = _sharding_call(tree, line)
+    argument = _sharding_argument(call) if call is not None else None
     if argument is None:
         return None
     return _unique(tree, argument, line, old_spec, path)
+
+
+def _sharding_call(tree: ast.Module, line: int) -> ast.Call | None:
+    """The one outermost sharding call on ``line`` (``with_sharding_constraint(x, NamedSharding(...))``
+    is one call: the NamedSharding inside it is its argument)."""
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+             and call_name(n) in _SHARDING_ARGUMENT]
+    inner = {id(m) for c in calls for m in ast.walk(c) if m is not c}
+    outer = [c for c in calls if id(c) not in inner]
+    return outer[0] if len(outer) == 1 else None
 
 
 def parameter_spec_site(path: str | None, name: str, old_spec: Spec) -> SpecSite | None:
     """The one ``P(...)`` literal writing ``old_spec`` for the sharding of the argument ``name``: the
     program's ``name = jax.ShapeDtypeStruct(..., sharding=...)`` or ``name = jax.device_put(x, ...)``."""
     tree = parsed_program(path)
-    if tree is None:
+    made = _argument_construction(tree, name) if tree is not None else None
+    argument = _sharding_argument(made.value) if made is not None else None  # type: ignore[arg-type]
+    if tree is None or made is None or argument is None:
         return None
+    return _unique(tree, argument, made.lineno, old_spec, path)
+
+
+def _argument_construction(tree: ast.Module, name: str) -> ast.Assign | None:
+    """The one ``name = jax.ShapeDtypeStruct(...)`` / ``name = jax.device_put(...)`` of the program."""
     made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
             and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name
             and isinstance(n.value, ast.Call) and call_name(n.value) in ("ShapeDtypeStruct", "device_put")]
-    if len(made) != 1:
-        return None
-    argument = _sharding_argument(made[0].value)  # type: ignore[arg-type]
-    return _unique(tree, argument, made[0].lineno, old_spec, path) if argument is not None else None
+    return made[0] if len(made) == 1 else None
 
 
 def _sharding_argument(call: ast.Call) -> ast.expr | None:
@@ -152,6 +184,110 @@ def _spec_literals(tree: ast.Module, node: ast.expr, line: int, hops: int) -> It
         value = _latest_assignment(tree, node.id, line)
         if value is not None:
             yield from _spec_literals(tree, value[1], value[0], hops + 1)
+    elif isinstance(node, ast.Subscript):  # specs[kind], layouts[i % 2]: any of the container's entries
+        for entry_line, entry in _container_entries(tree, node.value, line, hops + 1):
+            yield from _spec_literals(tree, entry, entry_line, hops + 1)
+
+
+def _container_entries(tree: ast.Module, node: ast.expr, line: int, hops: int) -> Iterator[tuple[int, ast.expr]]:
+    """The values of the dict / list / tuple literal ``node`` is (through names and conditionals)."""
+    if hops > _MAX_HOPS:
+        return
+    if isinstance(node, ast.Dict):
+        yield from ((line, v) for v in node.values)
+    elif isinstance(node, (ast.List, ast.Tuple)):
+        yield from ((line, e) for e in node.elts if not isinstance(e, ast.Starred))
+    elif isinstance(node, ast.IfExp):
+        yield from _container_entries(tree, node.body, line, hops + 1)
+        yield from _container_entries(tree, node.orelse, line, hops + 1)
+    elif isinstance(node, ast.Name):
+        value = _latest_assignment(tree, node.id, line)
+        if value is not None:
+            yield from _container_entries(tree, value[1], value[0], hops + 1)
+
+
+# -- one dim's axes, written once and read by several specs -------------------------------
+
+def axes_site(path: str | None, line: int, dim: int, old_axes: tuple[str, ...]) -> AxesSite | None:
+    """The one literal writing ``old_axes`` that dim ``dim`` of the spec read by the sharding call
+    on ``line`` comes from."""
+    tree = parsed_program(path)
+    if tree is None:
+        return None
+    call = _sharding_call(tree, line)
+    argument = _sharding_argument(call) if call is not None else None
+    if argument is None:
+        return None
+    return _unique_axes(tree, argument, line, dim, old_axes, path)
+
+
+def parameter_axes_site(path: str | None, name: str, dim: int, old_axes: tuple[str, ...]) -> AxesSite | None:
+    """:func:`axes_site` for the sharding the program writes for the argument ``name`` (as
+    :func:`parameter_spec_site` finds it)."""
+    tree = parsed_program(path)
+    made = _argument_construction(tree, name) if tree is not None else None
+    argument = _sharding_argument(made.value) if made is not None else None  # type: ignore[arg-type]
+    if tree is None or made is None or argument is None:
+        return None
+    return _unique_axes(tree, argument, made.lineno, dim, old_axes, path)
+
+
+def _unique_axes(tree: ast.Module, node: ast.expr, line: int, dim: int, old_axes: tuple[str, ...],
+                 path: str | None) -> AxesSite | None:
+    found: dict[tuple[int, int], tuple[ast.expr, str | None]] = {}
+    for spec in _spec_literals(tree, node, line, 0):
+        entries = spec.args if isinstance(spec, ast.Call) else spec.elts  # type: ignore[attr-defined]
+        if dim < len(entries) and not any(isinstance(e, ast.Starred) for e in entries[:dim + 1]):
+            for literal, variable in _axes_literals(tree, entries[dim], spec.lineno, None, 0):
+                if _axes_of(literal) == tuple(old_axes):
+                    found[(literal.lineno, literal.col_offset)] = (literal, variable)
+    if len(found) != 1 or path is None:
+        return None
+    literal, variable = next(iter(found.values()))
+    if variable is not None and not _read_only_as_entry(tree, variable, dim):
+        return None
+    source = program_text(path) or ""
+    lines = source.splitlines()
+    return AxesSite(literal.lineno, literal.col_offset, ast.get_source_segment(source, literal) or "",
+                    tuple(old_axes), variable, lines[literal.lineno - 1] if literal.lineno <= len(lines) else "")
+
+
+def _axes_literals(tree: ast.Module, node: ast.expr, line: int, variable: str | None,
+                   hops: int) -> Iterator[tuple[ast.expr, str | None]]:
+    """The string / tuple-of-strings literals a spec entry may evaluate to, with the last name
+    they were read through."""
+    if hops > _MAX_HOPS:
+        return
+    if _axes_of(node) is not None:
+        yield node, variable
+    elif isinstance(node, ast.IfExp):
+        yield from _axes_literals(tree, node.body, line, variable, hops + 1)
+        yield from _axes_literals(tree, node.orelse, line, variable, hops + 1)
+    elif isinstance(node, ast.Name):
+        value = _latest_assignment(tree, node.id, line)
+        if value is not None:
+            yield from _axes_literals(tree, value[1], value[0], node.id, hops + 1)
+
+
+def _axes_of(node: ast.expr) -> tuple[str, ...] | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return (node.value,)
+    if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        return tuple(e.value for e in node.elts)  # type: ignore[attr-defined]
+    return None
+
+
+def _read_only_as_entry(tree: ast.Module, variable: str, dim: int) -> bool:
+    """Every read of ``variable`` is entry ``dim`` of a ``P(...)`` or of a spec tuple."""
+    entries: set[int] = set()
+    for node in ast.walk(tree):
+        items = node.args if isinstance(node, ast.Call) and call_name(node) in _SPEC_CALLS else \
+            node.elts if isinstance(node, ast.Tuple) else None
+        if items is not None and dim < len(items) and isinstance(items[dim], ast.Name) and items[dim].id == variable:
+            entries.add(id(items[dim]))
+    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == variable and isinstance(n.ctx, ast.Load)]
+    return bool(reads) and all(id(n) in entries for n in reads)
 
 
 def _latest_assignment(tree: ast.Module, name: str, line: int) -> tuple[int, ast.expr] | None:

@@ -15,7 +15,7 @@ from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
 from hlo_doctor.rules._levers import jax_argument_constraint, torch_input_marks, with_lever
 from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._spec_sites import parse_spec_text, spec_site
+from hlo_doctor.rules._spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifier, torch_spec
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
@@ -408,19 +408,31 @@ def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, bat
     if not pinned:
         return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, edits=(edit,)))
     combined = spec[0]
-    edits, unresolved = [edit], []
+    edits, unresolved, shared = [edit], [], []
     for (file, line), old in pinned.items():
         site = spec_site(file, line, old)
-        if site is None:
+        if site is not None:
+            edits.append(SourceEdit("respec", "jax", spec=(tuple(combined), *old[1:]), old_spec=old, file=file,
+                                    line=site.line))
+            continue
+        axes = axes_site(file, line, 0, batch_axes)
+        if axes is None:
             unresolved.append(f"{short_path(file)}:{line}")
             continue
-        edits.append(SourceEdit("respec", "jax", spec=(tuple(combined), *old[1:]), old_spec=old, file=file,
-                                line=site.line))
+        shared.append(axes)
+        edits.append(SourceEdit("axes", "jax", spec=(tuple(combined),), old_spec=(batch_axes,), file=file,
+                                line=axes.line, details={"variable": axes.variable}))
+    if ctx.program_path and parameter_axes_site(ctx.program_path, variable, 0, batch_axes) in shared:
+        edits.remove(edit)  # the input's sharding reads the same axes: the one edit there shards it too
     where = ", ".join(f"{short_path(f)}:{n}" for f, n in pinned)
     written = "(" + ", ".join(repr(a) for a in combined) + ")"
     summary = (f"{suggestion.summary} The program's own constraints at {where} also put the batch dim on "
                f"{'/'.join(repr(a) for a in batch_axes)} alone: write {written} for their batch dim too, or "
                "they split it again after the input.")
+    for site in dict.fromkeys(shared):
+        readers = "the input's sharding and those constraints" if edit not in edits else "those constraints"
+        summary += (f" They read it from line {site.line} ({site.variable} = ...{site.text}...), which {readers} "
+                    f"share: write {written} there.")
     if unresolved:
         return dataclasses.replace(finding, suggestion=dataclasses.replace(
             suggestion, summary=summary, edits=(),

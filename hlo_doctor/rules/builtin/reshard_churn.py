@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Computation, Instruction
-from hlo_doctor.rules._suggest import constraint_code
+from hlo_doctor.rules._records import record_entries, user_line
+from hlo_doctor.rules._spec_sites import normalize, parse_spec_text
+from hlo_doctor.rules._suggest import constraint_code, jax_spec, spec_tuple, torch_spec
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
@@ -188,6 +191,8 @@ class ReshardChurn(Rule):
             f"Give the value one sharding{where}: constrain it to the same layout at every step, or remove the "
             "constraint that disagrees, so the partitioner has nothing to reshard."
         )
+        edits, no_edit, line_summary = _one_layout(ctx, source_from, spec)
+        summary += line_summary
         return self.finding(
             ctx,
             message,
@@ -198,9 +203,7 @@ class ReshardChurn(Rule):
             )),
             source_from=source_from,
             suggestion=Suggestion(summary=summary, jax=f"# the layout the value starts in, at every step\n{jax_code}",
-                                  torch_xla=torch_code,
-                                  no_edit=("which of the layouts the value takes is the right one depends on the ops "
-                                           "around it: remove or align the disagreeing constraint by hand")),
+                                  torch_xla=torch_code, edits=edits, no_edit=no_edit),
             evidence={
                 "pattern": "full-rematerialization" if remat else "back-and-forth",
                 "reshards": len(chain),
@@ -374,6 +377,41 @@ def _walk_down(instruction: Instruction, users) -> Instruction:
             break
         node = following[0]
     return node
+
+
+_NO_EDIT = ("which of the layouts the value takes is the right one depends on the ops around it: remove or align "
+            "the disagreeing constraint by hand")
+
+
+def _one_layout(ctx: RuleContext, instruction: Instruction | None, spec: list,
+                ) -> tuple[tuple[SourceEdit, ...], str | None, str]:
+    """The edit when the churn comes from one constraint of the program that writes several
+    layouts (``with_sharding_constraint(x, layouts[i % 2])`` in a loop): the runner recorded that
+    line with two or more specs of the value's rank, one of them the layout the value starts in;
+    that one, written on the line, is what every pass then constrains to. Constraints on different
+    lines, or a starting layout the line never writes, are for the user to align (no edit)."""
+    if instruction is None or ctx.framework not in ("jax", "torch_xla") or any(
+            a is not None and any(name.startswith("<") for name in a) for a in spec):
+        return (), _NO_EDIT, ""
+    source, _ = ctx.user_source(instruction)
+    if source is None:
+        return (), _NO_EDIT, ""
+    written = set()
+    for call in record_entries(ctx.dump.run_record, "sharding_calls"):
+        recorded = parse_spec_text(str(call.get("spec", "")))
+        shape = call.get("shape") or ()
+        if user_line(call) == (source.file, source.line) and recorded is not None and len(shape) == len(spec):
+            written.add(normalize(recorded))
+    start = normalize(spec_tuple(spec))
+    if len(written) < 2 or start not in written:
+        return (), _NO_EDIT, ""
+    code = jax_spec(spec) if ctx.framework == "jax" else torch_spec(spec)
+    edit = SourceEdit("constrain", ctx.framework, spec=spec_tuple(spec), file=source.file, line=source.line,
+                      details={"position": "in-place"})
+    return (edit,), None, (f" Line {source.line} writes {len(written)} layouts for it in turn: write {code} there, the "
+                           "layout it starts in, so every pass keeps it (the dump cannot show whether a later op "
+                           "wanted the other layout: `hlo-doctor fix --verify` recompiles to check that no new "
+                           "collective takes the reshards' place).")
 
 
 def _constraint_before(step: _Reshard) -> Instruction | None:
