@@ -129,3 +129,27 @@ def test_the_real_fix_of_the_torch_xla_seed_verifies(tmp_path: Path) -> None:
     assert "xs.mark_sharding(h, " in document["diff"]
     assert _traffic(document["bytes_per_device"]["before"]) == BAD
     assert _traffic(document["bytes_per_device"]["after"]) == FIXED
+
+
+HAVE_CUDA_PLUGIN = (HAVE_JAX and importlib.util.find_spec("jax_plugins") is not None
+                    and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None)
+SYNC_FLAG = "--xla_gpu_disable_async_collectives=allgather,reducescatter,allreduce"
+
+
+@pytest.mark.skipif(not HAVE_CUDA_PLUGIN, reason="needs jax and the CUDA plugin (the gpu-target extra)")
+def test_a_flag_set_in_the_environment_is_verified_by_recompiling_without_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real_library()
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_gpu_enable_latency_hiding_scheduler=true {SYNC_FLAG}")
+    result = verify("--target", "h100:2x8", "--format", "json", "--", sys.executable,
+                    str(PROGRAMS / "sync_collective.py"), "--variant", "bad")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [c["remove_from_xla_flags"] for c in document["environment"]] == [SYNC_FLAG]
+    assert document["edits"] == [] and document["refused"] == [] and document["diff"] == ""
+    assert [(t["rule"], t["status"]) for t in document["targeted"]] == [("sync-collective", "gone")]
+    assert document["new_findings"] == []
+    # without the flag in the environment there is nothing to fix: the program itself is healthy
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
+    clean = verify("--target", "h100:2x8", "--", sys.executable, str(PROGRAMS / "sync_collective.py"), "--variant", "bad")
+    assert clean.exit_code == 0 and clean.stdout.rstrip().endswith("nothing to fix"), clean.output

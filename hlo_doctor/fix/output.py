@@ -106,6 +106,8 @@ def verification_to_dict(result: Verification, *, exit_code: int) -> dict[str, A
         "diff": _diff(result.plan),
         "edits": [_edit_dict(e) for e in result.plan.applied],
         "refused": [_refusal_dict(r) for r in result.plan.refused],
+        "environment": [{"rule": c.finding.rule, "fingerprint": c.finding.fingerprint, "where": _where(c.finding),
+                         "remove_from_xla_flags": c.flag} for c in result.environment],
         "targeted": [
             {"rule": o.finding.rule, "fingerprint": o.finding.fingerprint, "where": _where(o.finding),
              "message": o.finding.message, "status": o.status, "matched_by": o.matched_by,
@@ -142,6 +144,9 @@ def verification_text(result: Verification) -> str:
     lines.append(f"hlo-doctor fix --verify: {_shown(result.program)}")
     for planned in result.plan.applied:
         lines.append(f"  edit: {_here(planned.finding)}: {planned.finding.rule}: {planned.description}")
+    for change in result.environment:
+        lines.append(f"  environment: {_here(change.finding)}: {change.finding.rule}: remove {change.flag} from "
+                     "XLA_FLAGS (set outside the program: the copy was recompiled without it; the change is yours)")
     for refusal in result.plan.refused:
         lines.append(f"  no safe edit: {_here(refusal.finding)}: {refusal.finding.rule}: {refusal.reason}")
     for problem in result.problems:
@@ -172,7 +177,7 @@ def verification_text(result: Verification) -> str:
     elif after is not None:
         lines.append("  no gather can overlap: every gather waits on the step's compute")
     verdict = "verified: every targeted finding is gone and no new warning appeared" if result.ok else "not verified"
-    if not result.plan.applied and not result.plan.refused:
+    if not result.plan.applied and not result.plan.refused and not result.environment:
         verdict = "nothing to fix"
     lines.append(verdict)
     return plain_block("\n".join(lines)) + "\n"

@@ -27,7 +27,9 @@ for after the patch by, in order, first match wins, each finding after used once
 * ``op``: for a finding with no source line only, its rule, module family and ``op_name``.
 
 A finding from before with no match is *gone*; a finding after that matches none from before is
-*new*. The verification passes when every finding that got an edit is gone, no new finding of
+*new*. An ``xla-flag`` fix whose flag is not in the program's source but in the ``XLA_FLAGS`` it
+was run with is an environment change: the copy is recompiled without the flag (the report says
+the change is the user's to make; ``--write`` cannot make it). The verification passes when every finding that got an edit is gone, no new finding of
 severity warning or error appeared, and no finding was refused.
 
 Bytes are collective bytes per device per step, summed over the modules, by role and split
@@ -56,6 +58,7 @@ from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.runner.run import RunError, run_script
 
 __all__ = [
+    "EnvironmentChange",
     "FindingOutcome",
     "LineMap",
     "OverlappableGather",
@@ -125,6 +128,14 @@ class Traffic:
     overlappable: tuple[OverlappableGather, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class EnvironmentChange:
+    """A flag to take out of the ``XLA_FLAGS`` the program was run with (it is not in its source)."""
+
+    finding: Finding
+    flag: str
+
+
 @dataclass
 class Verification:
     """What :func:`verify_fix` found (see the module docstring)."""
@@ -143,6 +154,9 @@ class Verification:
     """original files patched in place (``write=True`` and the verification passed)"""
     problems: tuple[str, ...] = ()
     """why the loop could not be closed (nothing to patch, a file the copy cannot carry)"""
+    environment: tuple[EnvironmentChange, ...] = ()
+    """flags the fix takes out of ``XLA_FLAGS`` set outside the program: the copy recompiled
+    without them (``--write`` cannot make that change: it is the user's)"""
 
     @property
     def new_warnings(self) -> tuple[Finding, ...]:
@@ -156,7 +170,7 @@ class Verification:
         """
         if self.plan.refused or self.problems:
             return False
-        if not self.plan.applied:
+        if not self.plan.applied and not self.environment:
             return True
         return (self.after is not None and all(o.status == "gone" for o in self.targeted)
                 and not self.new_warnings)
@@ -204,7 +218,8 @@ def verify_fix(
         program = before_report.program or str(script.resolve())
         plan = _fix.plan_fixes(before_report.findings, program=program, select=tuple(select))
         result = Verification(script, plan, before_report, before_traffic)
-        if not plan.applied:
+        result.environment = _environment_changes(plan, os.environ.get("XLA_FLAGS", ""))
+        if not plan.applied and not result.environment:
             return result
         copy, problems = _write_copy(script, program, plan, scratch / "overlay", output)
         result.problems = problems
@@ -213,14 +228,16 @@ def verify_fix(
             return result
         try:
             after_dump = run_script(copy, args, dump_dir=dumps / "after",
-                                    env=_import_env(scratch / "overlay", script.resolve().parent), **run).dump_dir
+                                    env=_import_env(scratch / "overlay", script.resolve().parent,
+                                                    without_flags=[c.flag for c in result.environment]),
+                                    **run).dump_dir
         except RunError as error:
             tail = "; ".join(line for line in error.stderr_tail[-3:] if line.strip())
             result.problems = (f"the patched copy failed: exit code {error.returncode}: {tail}",)
             return result
         result.after, result.after_traffic = _diagnose(after_dump, options)
         maps = _line_maps(plan, program, copy)
-        targets = _unique(e.finding for e in plan.applied)
+        targets = _unique([*(e.finding for e in plan.applied), *(c.finding for c in result.environment)])
         outcomes, new = match_findings(before_report.findings, result.after.findings, maps)
         result.targeted = tuple(o for o in outcomes if any(o.finding is t for t in targets))
         result.new = new
@@ -249,15 +266,15 @@ def _next_round(result: Verification, script: Path, program: str, copy: Path, ar
     if not follow or len(follow) != len(result.new_warnings):
         return False  # a new warning without an edit stays a failure, whatever else is patched
     copy_text = copy.read_text(encoding="utf-8")
-    plan = _fix.plan_fixes(follow, program=str(copy), sources={str(copy.resolve()): copy_text, str(copy): copy_text})
+    plan = _fix.plan_fixes(follow, program=str(copy))
     changed = plan.changed
     if plan.refused or not changed or any(not _same_file(Path(p).resolve(), copy.resolve()) for p in changed):
         return False
     patched_text = plan.patched[changed[0]]
     write_atomically(copy, patched_text)
     try:
-        after_dump = run_script(copy, args, dump_dir=dump_dir, env=_import_env(overlay, script.resolve().parent),
-                                **run).dump_dir
+        after_dump = run_script(copy, args, dump_dir=dump_dir, env=_import_env(
+            overlay, script.resolve().parent, without_flags=[c.flag for c in result.environment]), **run).dump_dir
     except RunError as error:
         tail = "; ".join(line for line in error.stderr_tail[-3:] if line.strip())
         result.problems = (f"the copy patched again (round {round_number}) failed: exit code {error.returncode}: "
@@ -278,9 +295,31 @@ def _next_round(result: Verification, script: Path, program: str, copy: Path, ar
     return True
 
 
-def _import_env(*paths: Path) -> dict[str, str]:
-    """This process's environment with ``paths`` first on ``PYTHONPATH`` (the runner puts its own before them)."""
+def _environment_changes(plan: Any, xla_flags: str) -> tuple[EnvironmentChange, ...]:
+    """The ``xla-flag`` edits refused because the flag is not in the program's source but in the
+    ``XLA_FLAGS`` it runs with: taken out of the plan's refusals, to be verified by recompiling
+    without the flag (the entry as written there, ``--name=value``)."""
+    written = {entry.split("=", 1)[0]: entry for entry in xla_flags.split()}
+    changes: list[EnvironmentChange] = []
+    kept = []
+    for refusal in plan.refused:
+        suggestion = refusal.finding.suggestion
+        names = [str(e.details.get("flag") or "").split("=", 1)[0]
+                 for e in (suggestion.edits if suggestion else ()) if e.kind == "xla-flag"]
+        if names and all(n in written for n in names) and "set outside the program" in refusal.reason:
+            changes.extend(EnvironmentChange(refusal.finding, written[n]) for n in names)
+        else:
+            kept.append(refusal)
+    plan.refused[:] = kept
+    return tuple(dict.fromkeys(changes))
+
+
+def _import_env(*paths: Path, without_flags: Sequence[str] = ()) -> dict[str, str]:
+    """This process's environment with ``paths`` first on ``PYTHONPATH`` (the runner puts its own before
+    them) and ``without_flags`` taken out of ``XLA_FLAGS``."""
     env = dict(os.environ)
+    if without_flags and "XLA_FLAGS" in env:
+        env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if f not in set(without_flags))
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in paths] + ([old] if old else []))
     return env
