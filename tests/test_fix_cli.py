@@ -199,6 +199,16 @@ def test_findings_match_through_the_patch_and_the_copy_name() -> None:
     assert [(o.status, o.matched_by) for o in outcomes] == [
         ("still there", "fingerprint"), ("gone", None), ("still there", "line")]
     assert [f.rule for f in new] == ["replicated-batch"]
-    # without the line map the moved finding would look fixed, and a new one would appear
+    # without the line map (two commits, as `hlo-doctor diff` sees them) the moved finding is the
+    # same op at another line: still there, not gone plus new
     outcomes, new = match_findings([kept], after[:1], {})
-    assert [o.status for o in outcomes] == ["gone"] and len(new) == 1
+    assert [(o.status, o.matched_by) for o in outcomes] == [("still there", "op")] and new == ()
+    # another op at another line is another finding
+    elsewhere = _finding("activation-all-gather", "/tmp/train_fixed.py", 9, op="jit(mlp)/dot_general|dot|f32[8]|{r}")
+    outcomes, new = match_findings([kept], [elsewhere], {})
+    assert [o.status for o in outcomes] == ["gone"] and new == (elsewhere,)
+    # a finding without a signature is matched by its fingerprint only
+    plain = Finding("communication-bound", Severity.WARNING, "module_0000.jit_mlp", "m", fingerprint="abc")
+    other = Finding("communication-bound", Severity.WARNING, "module_0000.jit_mlp", "n", fingerprint="def")
+    assert match_findings([plain], [other], {})[1] == (other,)
+    assert match_findings([plain], [plain], {})[1] == ()

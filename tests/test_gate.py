@@ -328,3 +328,41 @@ def test_critical_path_reads_the_async_collectives_of_a_scheduled_gpu_dump() -> 
     assert data["critical_path_bytes_per_device"]["after"] == 0
     assert data["bytes_per_device_by_role"]["weight-gather"] == {"before": 0, "after": 5406720}
     assert run("diff", str(bad), str(fixed), "--max-comm-increase", "0", "--critical-path").exit_code == 0
+
+
+def test_diff_of_a_commit_that_only_moves_the_line_reports_no_new_finding(tmp_path: Path) -> None:
+    """A line inserted above the problem changes its fingerprint (which hashes the line), not the
+    problem: `diff` matches it as the same op at another line, and the gate passes."""
+    pytest.importorskip("jax")
+    from hlo_doctor.runner import run_script
+
+    programs = Path(__file__).resolve().parents[1] / "hlo_doctor" / "examples" / "programs"
+    script = tmp_path / "train.py"
+    script.write_text((programs / "uneven_padding.py").read_text())
+    before = run_script(script, ["--variant", "bad"], dump_dir=tmp_path / "before", devices=8).dump_dir
+    script.write_text("# a comment pushes every line down\n" + script.read_text())
+    after = run_script(script, ["--variant", "bad"], dump_dir=tmp_path / "after", devices=8).dump_dir
+    result = run("diff", str(before), str(after), "--format", "json")
+    assert result.exit_code == 0, result.output
+    (module,) = json.loads(result.stdout)["modules"]
+    assert module["findings_added"] == [] and module["findings_removed"] == []
+
+
+def test_baseline_accepts_a_finding_whose_line_moved(tmp_path: Path) -> None:
+    """The baseline records each finding's op as well as its fingerprint: a recompile of the
+    program with a line inserted above the problem is the same problem, not a new one."""
+    pytest.importorskip("jax")
+    from hlo_doctor.runner import run_script
+
+    programs = Path(__file__).resolve().parents[1] / "hlo_doctor" / "examples" / "programs"
+    script = tmp_path / "train.py"
+    script.write_text((programs / "uneven_padding.py").read_text())
+    before = run_script(script, ["--variant", "bad"], dump_dir=tmp_path / "before", devices=8).dump_dir
+    baseline = tmp_path / "baseline.json"
+    assert run("check", str(before), "--write-baseline", str(baseline)).exit_code == 0
+    assert all(entry["op"] for entry in json.loads(baseline.read_text())["findings"])
+    script.write_text("# a comment pushes every line down\n" + script.read_text())
+    after = run_script(script, ["--variant", "bad"], dump_dir=tmp_path / "after", devices=8).dump_dir
+    result = run("check", str(after), "--baseline", str(baseline))
+    assert result.exit_code == 0, result.output
+    assert "1 known finding ignored, 0 new, 0 fixed" in result.stderr

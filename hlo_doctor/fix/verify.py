@@ -14,23 +14,13 @@ The loop (:func:`verify_fix`):
 4. recompile the copy through the runner with the same arguments;
 5. diagnose it again and compare.
 
-**Matching findings before and after.** Fingerprints (:mod:`hlo_doctor.fingerprint`) hash the
-user's line, and the patch moves lines (an inserted constraint pushes every later line down; a
-copy written elsewhere under ``-o`` has another file name). So each finding from before is looked
-for after the patch by, in order, first match wins, each finding after used once:
-
-* ``fingerprint``: its rule, module family and op signature (``op_name | opcode | shape |
-  sharding``) with its source line carried through the patch (:class:`LineMap`: the diff of the
-  file's text before and after), the file named as the copy;
-* ``line``: its rule and module family and the user's line carried through the patch (the op's
-  sharding or shape may change while the problem stays at the same line);
-* ``op``: for a finding with no source line only, its rule, module family and ``op_name``.
-
-A finding from before with no match is *gone*; a finding after that matches none from before is
-*new*. An ``xla-flag`` fix whose flag is not in the program's source but in the ``XLA_FLAGS`` it
-was run with is an environment change: the copy is recompiled without the flag (the report says
-the change is the user's to make; ``--write`` cannot make it). The verification passes when every finding that got an edit is gone, no new finding of
-severity warning or error appeared, and no finding was refused.
+**Matching findings before and after** is :func:`hlo_doctor.gate.matching.match_findings`, with
+each patched file's :class:`~hlo_doctor.gate.matching.LineMap` (its text before and after). An
+``xla-flag`` fix whose flag is not in the program's source but in the ``XLA_FLAGS`` it was run
+with is an environment change: the copy is recompiled without the flag (the report says the
+change is the user's to make; ``--write`` cannot make it). The verification passes when every
+finding that got an edit is gone, no new finding of severity warning or error appeared, and no
+finding was refused.
 
 Bytes are collective bytes per device per step, summed over the modules, by role and split
 into the critical path and prefetchable (:mod:`hlo_doctor.semantics.critical_path`).
@@ -38,7 +28,6 @@ into the critical path and prefetchable (:mod:`hlo_doctor.semantics.critical_pat
 
 from __future__ import annotations
 
-import difflib
 import os
 import shutil
 import tempfile
@@ -53,6 +42,7 @@ from hlo_doctor.dump import load_dump
 from hlo_doctor.files import write_atomically
 from hlo_doctor.findings import Finding, Report, Severity
 from hlo_doctor.fingerprint import module_family
+from hlo_doctor.gate.matching import FindingOutcome, LineMap, match_findings
 from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.runner.run import RunError, run_script
@@ -70,39 +60,6 @@ __all__ = [
 ]
 
 _WARNING = Severity.WARNING.rank
-
-
-class LineMap:
-    """Where each line of a file's text before a patch went in the text after it (1-based).
-
-    A line the patch kept maps to its new number; a replaced line to the line that replaced it
-    (the last of a shorter replacement); a deleted line to the line after the deletion.
-    """
-
-    def __init__(self, before: str, after: str) -> None:
-        self._opcodes = difflib.SequenceMatcher(
-            None, before.splitlines(), after.splitlines(), autojunk=False).get_opcodes()
-
-    def __call__(self, line: int) -> int:
-        index = line - 1
-        for tag, i1, i2, j1, j2 in self._opcodes:
-            if i1 <= index < i2:
-                if tag == "equal":
-                    return j1 + (index - i1) + 1
-                if tag == "replace":
-                    return j1 + min(index - i1, j2 - j1 - 1) + 1
-                return j1 + 1  # delete
-        return line
-
-
-@dataclass(frozen=True, slots=True)
-class FindingOutcome:
-    """A finding from before the patch: ``gone`` or ``still there`` (``after``, found ``matched_by``)."""
-
-    finding: Finding
-    status: str
-    after: Finding | None = None
-    matched_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,82 +367,3 @@ def _unique(findings) -> list[Finding]:  # noqa: ANN001
         if not any(finding is seen for seen in out):
             out.append(finding)
     return out
-
-
-def _op_part(finding: Finding) -> str:
-    if finding.signature is not None and "\n" in finding.signature:
-        return finding.signature.split("\n", 1)[1]
-    return finding.op_name or ""
-
-
-def _moved_source_key(finding: Finding, maps: Mapping[str, tuple[str, LineMap]]) -> str:
-    """The signature's source part (``name:line:function``) carried through the patch."""
-    part = finding.signature.split("\n", 1)[0] if finding.signature else ""
-    pieces = part.split(":", 2)
-    if len(pieces) != 3 or not pieces[1].isdigit():
-        return part
-    name, line, function = pieces
-    if name in maps:
-        new_name, line_map = maps[name]
-        return f"{new_name}:{line_map(int(line))}:{function}"
-    return part
-
-
-def _moved_line(finding: Finding, maps: Mapping[str, tuple[str, LineMap]]) -> tuple[str, int] | None:
-    if finding.source is None:
-        return None
-    name = finding.source.file.replace("\\", "/").rsplit("/", 1)[-1]
-    if name in maps:
-        new_name, line_map = maps[name]
-        return new_name, line_map(finding.source.line)
-    return name, finding.source.line
-
-
-def _line_of(finding: Finding) -> tuple[str, int] | None:
-    if finding.source is None:
-        return None
-    return finding.source.file.replace("\\", "/").rsplit("/", 1)[-1], finding.source.line
-
-
-def match_findings(before: Sequence[Finding], after: Sequence[Finding],
-                   maps: Mapping[str, tuple[str, LineMap]]) -> tuple[tuple[FindingOutcome, ...], tuple[Finding, ...]]:
-    """Each finding of ``before`` gone or still there in ``after``, and the findings new in ``after``.
-
-    ``maps``: file name before the patch -> (file name after, :class:`LineMap`). The tiers are
-    in the module docstring.
-    """
-    def family(f: Finding) -> str:
-        return module_family(f.module)
-
-    tiers = (
-        ("fingerprint",
-         lambda f: (f.rule, family(f), _moved_source_key(f, maps), _op_part(f)),
-         lambda f: (f.rule, family(f), f.signature.split("\n", 1)[0] if f.signature else "", _op_part(f))),
-        ("line",
-         lambda f: (f.rule, family(f), _moved_line(f, maps)) if f.source is not None else None,
-         lambda f: (f.rule, family(f), _line_of(f)) if f.source is not None else None),
-        ("op",
-         lambda f: (f.rule, family(f), _op_part(f).split("|", 1)[0]) if f.source is None and _op_part(f) else None,
-         lambda f: (f.rule, family(f), _op_part(f).split("|", 1)[0]) if f.source is None and _op_part(f) else None),
-    )
-    matched: dict[int, tuple[int, str]] = {}
-    used: set[int] = set()
-    for tier, before_key, after_key in tiers:
-        after_keys = [after_key(f) for f in after]
-        for i, finding in enumerate(before):
-            if i in matched:
-                continue
-            key = before_key(finding)
-            if key is None:
-                continue
-            for j, other in enumerate(after_keys):
-                if j not in used and other == key:
-                    matched[i] = (j, tier)
-                    used.add(j)
-                    break
-    outcomes = tuple(
-        FindingOutcome(f, "still there", after[matched[i][0]], matched[i][1]) if i in matched
-        else FindingOutcome(f, "gone")
-        for i, f in enumerate(before))
-    new = tuple(f for j, f in enumerate(after) if j not in used)
-    return outcomes, new

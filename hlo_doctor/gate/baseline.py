@@ -3,7 +3,10 @@
 A baseline file records each finding's fingerprint (see
 :mod:`hlo_doctor.fingerprint`) with enough context to read it; a later
 run ignores findings whose fingerprint is recorded, and reports the recorded
-ones that are gone as fixed.
+ones that are gone as fixed. The fingerprint hashes the user's line, so an entry also records
+the finding's op (``op_name | opcode | shape | sharding``): a finding whose fingerprint is not
+recorded but whose rule, module family and op are, the line moved by an edit above it, is the
+recorded finding (as :mod:`hlo_doctor.gate.matching` matches them), not a new one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from hlo_doctor._version import __version__
 from hlo_doctor.errors import InputError
 from hlo_doctor.files import write_atomically
 from hlo_doctor.findings import Finding
-from hlo_doctor.fingerprint import occurrence_fingerprints
+from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
 
 BASELINE_VERSION = 1
 
@@ -31,6 +34,8 @@ class BaselineEntry:
     instruction: str | None
     source: str | None
     message: str
+    op: str | None = None
+    """the finding's op signature, when it has one (baselines written before it have none)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ def write_baseline(findings: Sequence[Finding], path: str | Path) -> int:
                 "instruction": finding.instruction,
                 "source": source,
                 "message": finding.message,
+                "op": _op_of(finding),
             }
         )
     document = {"schema_version": BASELINE_VERSION, "tool": {"name": "hlo-doctor", "version": __version__},
@@ -89,6 +95,7 @@ def read_baseline(path: str | Path, dump: str = "DUMP") -> tuple[BaselineEntry, 
                 instruction=entry.get("instruction"),
                 source=entry.get("source"),
                 message=str(entry.get("message", "")),
+                op=entry.get("op"),
             )
             for entry in document.get("findings", [])
         )
@@ -98,13 +105,32 @@ def read_baseline(path: str | Path, dump: str = "DUMP") -> tuple[BaselineEntry, 
 
 def apply_baseline(findings: Sequence[Finding], baseline: Sequence[BaselineEntry]) -> BaselineResult:
     recorded = {entry.fingerprint: entry for entry in baseline}
-    new, accepted = [], []
-    matched = set()
-    for finding, fingerprint in zip(findings, occurrence_fingerprints(findings), strict=False):
-        if fingerprint in recorded:
-            accepted.append(finding)
+    matched: set[str] = set()
+    accepted_ids: set[int] = set()
+    for index, fingerprint in enumerate(occurrence_fingerprints(findings)):
+        if fingerprint in recorded and fingerprint not in matched:
+            accepted_ids.add(index)
             matched.add(fingerprint)
-        else:
-            new.append(finding)
+    by_op: dict[tuple, list[BaselineEntry]] = {}
+    for entry in baseline:
+        if entry.fingerprint not in matched and entry.op:
+            by_op.setdefault((entry.rule, module_family(entry.module), entry.op), []).append(entry)
+    for index, finding in enumerate(findings):
+        op = _op_of(finding)
+        candidates = by_op.get((finding.rule, module_family(finding.module), op)) if op else None
+        if index not in accepted_ids and candidates:
+            accepted_ids.add(index)
+            matched.add(candidates.pop(0).fingerprint)  # the same op at another line: the recorded finding
+    new = tuple(f for i, f in enumerate(findings) if i not in accepted_ids)
+    accepted = tuple(f for i, f in enumerate(findings) if i in accepted_ids)
     fixed = tuple(entry for entry in baseline if entry.fingerprint not in matched)
-    return BaselineResult(tuple(new), tuple(accepted), fixed)
+    return BaselineResult(new, accepted, fixed)
+
+
+def _op_of(finding: Finding) -> str | None:
+    """The op part of the finding's signature (``op_name | opcode | shape | sharding``), or None."""
+    signature = finding.signature or ""
+    if "\n" not in signature:
+        return None
+    op = signature.split("\n", 1)[1]
+    return op if "|" in op else None

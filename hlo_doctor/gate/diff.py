@@ -6,7 +6,8 @@ when a name repeats. For each pair: collectives by kind (executions per step,
 bytes per device, bytes that cross hosts), collective bytes by role and on the critical
 path (:mod:`hlo_doctor.semantics.critical_path`: operands derived from the
 step's data wait on its compute; weight gathers can be prefetched), findings
-added and removed (matched by fingerprint), and entry parameters whose
+added and removed (matched as :mod:`hlo_doctor.gate.matching` does: by
+fingerprint, then line, then the same op at another line), and entry parameters whose
 sharding changed.
 """
 
@@ -20,7 +21,8 @@ from typing import Any
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import Dump, DumpModule, load_dump
 from hlo_doctor.findings import Finding, Report
-from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
+from hlo_doctor.fingerprint import module_family
+from hlo_doctor.gate.matching import match_findings
 from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.semantics.critical_path import ByteAccount
@@ -295,12 +297,15 @@ def _collective_diff(
 def _findings_only_in(
     report: Report, other: Report, module: DumpModule | None, other_module: DumpModule | None
 ) -> tuple[Finding, ...]:
+    """The findings of ``module`` that match none of ``other_module``'s (:func:`match_findings`:
+    by fingerprint, else by line, else by the same op at another line: a finding whose line an
+    edit above it moved is not new)."""
     if module is None:
         return ()
     mine = [f for f in report.findings if f.module == module.key]
     theirs = [f for f in other.findings if other_module is not None and f.module == other_module.key]
-    known = set(occurrence_fingerprints(theirs))
-    return tuple(f for f, print_ in zip(mine, occurrence_fingerprints(mine), strict=False) if print_ not in known)
+    _, unmatched = match_findings(theirs, mine, {})
+    return unmatched
 
 
 def _parameter_changes(before: DumpModule | None, after: DumpModule | None) -> tuple[ParameterChange, ...]:
