@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 import hlo_doctor.fix as fixlib
-import hlo_doctor.fix.verify as verify
 from hlo_doctor.findings import Finding, Report, Severity, SourceEdit, SourceRef, Suggestion
-from hlo_doctor.fix import FixPlan, PlannedEdit
+from hlo_doctor.fix import FixPlan, PlannedEdit, verify
 from hlo_doctor.fix.verify import Traffic, verify_fix
 
 
