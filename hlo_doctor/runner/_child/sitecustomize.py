@@ -53,6 +53,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -327,7 +328,7 @@ def _record_module_tree(module) -> None:
         if len(modules) >= _MAX_TREE:
             break
         modules.append({"path": path, "class": f"{type(sub).__module__}.{type(sub).__qualname__}"})
-        if labels:
+        if labels and _PATH.match(path):  # a ModuleDict key of other characters is not written
             _module_paths.setdefault(sub, path)
     parameters = []
     for path, param in module.named_parameters():
@@ -372,6 +373,7 @@ _running = threading.local()
 # (N=2 turns every line into torch/nn/modules/module.py; 0 fails to lower): more frames than
 # any stack has keep the location as it was.
 _ALL_FRAMES = 1 << 16
+_PATH = re.compile(r"^[\w.-]*$")
 _MAX_WALK = 64
 
 
