@@ -78,7 +78,11 @@ class NonBatchDimSharding(Rule):
     on that splits a feature dim gets its spec rewritten where the program
     writes the ``P(...)`` (followed back through names); in a Flax linen
     program, the batch's logical axis rule moves ahead of the rules that claim
-    the same mesh axis (``nn.logical_axis_rules``).
+    the same mesh axis (``nn.logical_axis_rules``). In a torch_xla program whose
+    dot has only library frames (a Hugging Face layer), the module the runner
+    names in the op_name (``model.layers.0.self_attn.o_proj/aten__mm``) gets a
+    forward hook that marks its output over the batch axes, registered before
+    the model call, on every layer at once when every layer has the finding.
 
     ```python
     # JAX
@@ -87,6 +91,12 @@ class NonBatchDimSharding(Rule):
     xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))
     # Flax linen: the batch rule first
     rules = [('batch', 'data'), ('embed', 'data'), ('mlp', None)]
+    # torch_xla, a library layer: a forward hook on the module
+    def shard_batch(module, args, output):
+        xs.mark_sharding(output, mesh, (('replica', 'fsdp'),) + (None,) * (output.dim() - 1))
+
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.register_forward_hook(shard_batch)
     ```
 
     **Options**
