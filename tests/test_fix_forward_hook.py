@@ -116,6 +116,11 @@ def test_the_hf_fixed_fixture_gets_one_finding_and_one_hook_for_both_layers():
     assert ("    for layer in model.model.layers:\n"
             "        layer.self_attn.o_proj.register_forward_hook(shard_batch)\n"
             "    loss = model(input_ids=input_ids, labels=labels).loss\n") in text
+    # planned again on the patched program, the call 6 lines down: nothing changes
+    moved = dataclasses.replace(found, suggestion=dataclasses.replace(
+        found.suggestion, edits=(dataclasses.replace(edit, line=edit.line + 6),)))
+    again = plan_fixes([moved], program=recorded, path_map={recorded: str(program)}, sources={str(program): text})
+    assert not again.applied and "already applied" in again.refused[0].reason
 
 
 def _installed(*modules: str) -> bool:
