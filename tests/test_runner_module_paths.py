@@ -73,13 +73,21 @@ class Attention(nn.Module):
         q = self.q_proj(hidden_states)
         return self.o_proj(h), q  # o_proj's output is attention's output too
 
+class Unhashable(nn.Module):
+    __hash__ = None
+
+    def forward(self, x):
+        return torch.Tensor("unhashable")
+
 class Layer(nn.Module):
     def __init__(self):
         self.self_attn = Attention()
         self.mlp = Linear("mlp")
+        self.odd = Unhashable()  # no path, and no error
 
     def forward(self, x):
         a, _ = self.self_attn(hidden_states=torch.Tensor("norm"))
+        self.odd(a)
         return {"out": self.mlp(a), "cpu": torch.Tensor("cpu", "cpu")}
 
 model = Layer()

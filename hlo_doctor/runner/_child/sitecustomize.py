@@ -329,7 +329,7 @@ def _record_module_tree(module) -> None:
             break
         modules.append({"path": path, "class": f"{type(sub).__module__}.{type(sub).__qualname__}"})
         if labels and _PATH.match(path):  # a ModuleDict key of other characters is not written
-            _module_paths.setdefault(sub, path)
+            _remember_path(sub, path)
     parameters = []
     for path, param in module.named_parameters():
         if len(parameters) >= _MAX_TREE:
@@ -347,7 +347,7 @@ def _patch_torch_module(module) -> None:
         _record_module_call(self)
         if id(self) not in _seen_module_trees and _called_from_user_code(2):
             _record_module_tree(self)
-        path = _module_paths.get(self) if _module_paths else None
+        path = _path_of(self) if _module_paths else None
         if path is None:
             return original_call(self, *args, **kwargs)
         running = _running_paths()
@@ -375,6 +375,20 @@ _running = threading.local()
 _ALL_FRAMES = 1 << 16
 _PATH = re.compile(r"^[\w.-]*$")
 _MAX_WALK = 64
+
+
+def _remember_path(module, path: str) -> None:
+    try:
+        _module_paths.setdefault(module, path)
+    except TypeError:  # a module class that defines __eq__ without __hash__ gets no path
+        pass
+
+
+def _path_of(module) -> str | None:
+    try:
+        return _module_paths.get(module)
+    except TypeError:
+        return None
 
 
 def _running_paths() -> list:
