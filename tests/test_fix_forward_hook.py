@@ -87,6 +87,15 @@ def test_applied_twice_is_refused():
     assert "already applied" in again.refused[0].reason
 
 
+def test_applied_twice_is_refused_whatever_the_names_of_the_module_path():
+    edit = dataclasses.replace(EACH, details={**EACH.details, "module": "layer.post_attention_layernorm"})
+    once = patched(PROGRAM.replace("def main():", "def main(layer):"), edit, line=8)
+    assert "    for layer_ in model.model.layers:\n        layer_.post_attention_layernorm.register_forward_hook(" \
+        "shard_batch)\n" in once
+    again = plan(once, finding(dataclasses.replace(edit, line=13), line=13))
+    assert not again.applied and "already applied" in again.refused[0].reason
+
+
 def test_refused_without_the_model_or_a_mesh():
     assert "does not use" in refused(PROGRAM.replace("model(input_ids", "net(input_ids"), EACH, line=8)
     no_mesh = PROGRAM.replace('    mesh = xs.Mesh(ids, (2, 8), ("replica", "fsdp"))\n', "")

@@ -74,6 +74,8 @@ def forward_hook(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     taken = {b.name for b in source.bindings(scope)} | {f.name.value for f in functions} | set(imports.names)
     axes = edit.spec[0]
     name = reuse or (FUNCTION if FUNCTION not in taken else f"{FUNCTION}_{'_'.join(axes)}")
+    while reuse is None and name in taken:
+        name += "_"
     if each:
         if not module.startswith(loop + "."):
             raise CannotEdit(f"the hooked module {module} is not reached from the loop variable {loop}")
@@ -85,7 +87,7 @@ def forward_hook(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
     else:
         register = f"{module}.register_forward_hook({name})\n"
     new_register = cst.parse_statement(register)
-    if reuse is not None and any(_same_registration(s, new_register) for s in before):
+    if reuse is not None and any(_registers(s, each, loop, module, name) for s in before):
         raise CannotEdit(f"{module} already registers {name} before line {line} (already applied?)")
     new: list[cst.CSTNode] = []
     leading = statement.leading_lines
@@ -102,9 +104,14 @@ def forward_hook(source: Source, edit: SourceEdit, line: int) -> tuple[dict, Imp
         + (" (defined above)" if reuse is not None else ""))
 
 
-def _same_registration(statement: cst.CSTNode, new: cst.CSTNode) -> bool:
-    """Whether ``statement`` registers the same hook on the same modules (loop variable aside)."""
-    if isinstance(statement, cst.For) and isinstance(new, cst.For):
-        return _code(statement.iter) == _code(new.iter) and _code(statement.body).replace(
-            _code(statement.target), "\0") == _code(new.body).replace(_code(new.target), "\0")
-    return _code(statement) == _code(new)
+def _registers(statement: cst.CSTNode, each: object, loop: str, module: str, name: str) -> bool:
+    """Whether ``statement`` registers ``name`` on the same modules (a loop: under any loop variable)."""
+    if not each:
+        return _code(statement) == f"{module}.register_forward_hook({name})"
+    if not isinstance(statement, cst.For) or not isinstance(statement.target, cst.Name) \
+            or _code(statement.iter) != _code(cst.parse_expression(str(each))):
+        return False
+    variable = statement.target.value
+    expected = cst.parse_statement(
+        f"for {variable} in {each}:\n    {variable}{module[len(loop):]}.register_forward_hook({name})\n")
+    return isinstance(expected, cst.For) and _code(statement.body) == _code(expected.body)
