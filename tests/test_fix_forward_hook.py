@@ -163,3 +163,38 @@ def test_the_patched_hf_fixed_program_recompiles_without_the_finding(tmp_path: P
     assert not after.errors, after.errors
     left = [f"{f.rule}: {f.message}" for f in after.findings if f.severity is not Severity.INFO]
     assert not left, left
+
+
+def _record(program: Path) -> dict:
+    linear, attention = "torch.nn.modules.linear.Linear", "transformers.models.llama.modeling_llama.LlamaAttention"
+    modules = [{"path": "", "class": "LlamaForCausalLM"}, {"path": "model.layers", "class": "ModuleList"}]
+    for i in (0, 1):
+        modules += [{"path": f"model.layers.{i}", "class": "LlamaDecoderLayer"},
+                    {"path": f"model.layers.{i}.self_attn", "class": attention},
+                    {"path": f"model.layers.{i}.self_attn.o_proj", "class": linear}]
+    return {"module_trees": [{"modules": modules, "stack": [{"file": str(program), "line": 3, "function": "main"}]}]}
+
+
+def test_the_lever_loops_over_the_layers_only_when_each_has_the_finding(tmp_path: Path):
+    from hlo_doctor.rules._module_hooks import forward_hook_lever
+
+    program = tmp_path / "train.py"
+    program.write_text("def main(net, mesh, x):\n    opt = 1\n    loss = net(x).loss\n")
+    record = _record(program)
+    both = {"model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj"}
+    dims = [("dp",), None]
+    lever = forward_hook_lever(record, "model.layers.1.self_attn.o_proj", both, dims, 0)
+    assert lever is not None and lever.line == (str(program), 3)
+    [edit] = lever.edits
+    assert edit.target == "model.layers.*.self_attn.o_proj" and edit.spec == (("dp",),)
+    assert dict(edit.details) == {"position": "before", "model": "net", "module": "layer.self_attn.o_proj",
+                                  "each": "net.model.layers", "loop": "layer"}
+    assert "for layer in net.model.layers:\n    layer.self_attn.o_proj.register_forward_hook(shard_batch)" in lever.code
+
+    one = forward_hook_lever(record, "model.layers.1.self_attn.o_proj", {"model.layers.1.self_attn.o_proj"}, dims, 0)
+    assert one is not None and one.edits[0].target == "model.layers.1.self_attn.o_proj"
+    assert one.edits[0].details["module"] == "net.model.layers[1].self_attn.o_proj" and "each" not in one.edits[0].details
+    # not a leaf linear layer (its output is a tuple, its dot not its output), batch not dim 0, no such module
+    assert forward_hook_lever(record, "model.layers.1.self_attn", both, dims, 0) is None
+    assert forward_hook_lever(record, "model.layers.1.self_attn.o_proj", both, [None, ("dp",)], 1) is None
+    assert forward_hook_lever(record, "model.layers.7.self_attn.o_proj", both, dims, 0) is None

@@ -13,7 +13,8 @@ registered before the model is called::
     for layer in model.model.layers:
         layer.self_attn.o_proj.register_forward_hook(shard_batch)
 
-The loop over the layers is written only when every layer's module has the finding (the paths
+Only a leaf linear or convolution layer is hooked: its output is the dot's. The loop over the
+layers is written only when every layer's module has the finding (the paths
 of the findings of the module cover every index of the list in the recorded tree); otherwise
 the module itself is named (``model.model.layers[0].self_attn.o_proj``). The output's dim 0
 is marked over the batch axes: the module output is batch-major.
@@ -37,6 +38,7 @@ __all__ = ["HOOK_FUNCTION", "forward_hook_lever", "module_expression"]
 HOOK_FUNCTION = "shard_batch"
 LOOP_VARIABLE = "layer"
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
+_LAYER_CLASS = re.compile(r"Linear|Conv", re.IGNORECASE)
 
 
 def module_expression(root: str, path: str) -> str | None:
@@ -56,6 +58,18 @@ def module_expression(root: str, path: str) -> str | None:
 def _trees_with(record: Mapping[str, Any] | None, path: str) -> list[Mapping[str, Any]]:
     return [t for t in record_entries(record, "module_trees")
             if any(isinstance(m, Mapping) and m.get("path") == path for m in t.get("modules") or ())]
+
+
+def _is_layer(tree: Mapping[str, Any], path: str) -> bool:
+    """Whether ``path`` is a leaf linear or convolution layer of the tree (``torch.nn.Linear``,
+    ``Conv2d``, a library's ``ColumnParallelLinear``): its output is its matmul's, one tensor.
+    Another module's dot (the attention's ``softmax @ v``) is not what its output is, and its
+    output may be a tuple."""
+    modules = [m for m in tree.get("modules") or () if isinstance(m, Mapping)]
+    own = next((m for m in modules if m.get("path") == path), None)
+    if own is None or any(str(m.get("path", "")).startswith(path + ".") for m in modules):
+        return False
+    return bool(_LAYER_CLASS.search(str(own.get("class", "")).rsplit(".", 1)[-1]))
 
 
 def _model_variable(file: str, line: int) -> str | None:
@@ -98,11 +112,11 @@ def forward_hook_lever(record: Mapping[str, Any] | None, path: str, finding_path
                        dims: Sequence[DimAxes], batch_dim: int) -> Lever | None:
     """Mark the output of the module at ``path`` over ``dims[batch_dim]``'s axes with a forward hook
     registered before the model call (see the module docstring). None when the record has no
-    single tree with that path, the call line or its model variable is not known, or the batch is
-    not the value's dim 0."""
+    single tree with that path, the module is not a leaf linear or convolution layer, the call
+    line or its model variable is not known, or the batch is not the value's dim 0."""
     axes = dims[batch_dim] if 0 <= batch_dim < len(dims) else None
     trees = _trees_with(record, path)
-    if batch_dim != 0 or not axes or not path or len(trees) != 1:
+    if batch_dim != 0 or not axes or not path or len(trees) != 1 or not _is_layer(trees[0], path):
         return None
     where = user_line(trees[0])
     model = _model_variable(*where) if where is not None else None
