@@ -19,6 +19,7 @@ from hlo_doctor.dump import Dump, DumpModule, load_dump
 from hlo_doctor.dump.snapshot import DumpError
 from hlo_doctor.errors import InputError, one_line
 from hlo_doctor.findings import ModuleSummary, Report, ReportError
+from hlo_doctor.graph.source import split_module_path
 from hlo_doctor.rules import (
     AnalysisOptions,
     Finding,
@@ -38,12 +39,20 @@ __all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]  # the reco
 Progress = Callable[[int, int, str], None]
 
 
+def _ignored_op(op_name: str | None, patterns: tuple[str, ...]) -> bool:
+    if not op_name:
+        return False
+    names = dict.fromkeys((op_name, split_module_path(op_name)[1]))
+    return any(fnmatch.fnmatchcase(name, p) for name in names for p in patterns)
+
+
 def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:
     """Analyze the dump at ``path`` (or an already loaded :class:`Dump`) with the registered rules.
 
     Options: ``select``/``ignore`` choose rules by id; ``rule_options`` sets
     option fields per rule id; ``ignore_ops`` drops findings whose op_name
-    matches one of these globs; ``hardware`` is a bundled profile name, a
+    matches one of these globs (torch_xla: with or without the runner's module path,
+    ``model.layers.0.mlp/aten__mm`` or ``aten__mm``); ``hardware`` is a bundled profile name, a
     JSON file or a :class:`HardwareProfile`; ``devices_per_host``,
     ``verbose``, ``registry`` and ``progress`` as in :func:`_analyze`;
     ``jobs`` is how many processes may work at once: a dump of several modules
@@ -121,7 +130,7 @@ def _analyze(
             raise InputError(failed[0].error or f"{failed[0].path}: cannot be parsed")
     patterns = tuple(ignore_ops)
     if patterns:
-        findings = [f for f in findings if not (f.op_name and any(fnmatch.fnmatchcase(f.op_name, p) for p in patterns))]
+        findings = [f for f in findings if not _ignored_op(f.op_name, patterns)]
     return Report(
         dump=str(dump.path),
         modules=tuple(summaries),

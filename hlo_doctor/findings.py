@@ -91,6 +91,11 @@ class SourceEdit:
       gets ``nnx.with_partitioning(init, spec)``.
     * ``shard-output``: the FSDPv2 wrapper on ``file``:``line`` gets a ``shard_output`` that marks
       the output's dim 0 over ``spec[0]``'s axes.
+    * ``forward-hook``: before the model call on ``file``:``line`` (``details["model"]``: the model
+      variable), register a forward hook that marks the output's dim 0 of the submodule ``target``
+      (its path, ``model.layers.*.o_proj`` for every layer) over ``spec[0]``'s axes;
+      ``details["module"]`` is its expression (with ``details["each"]`` and ``details["loop"]``: in
+      a loop over that list of layers).
     * ``xla-flag``: remove ``details["flag"]`` from ``XLA_FLAGS`` (no source line).
 
     ``file``/``line`` None: the finding's own source line. ``framework`` is ``jax`` or
@@ -109,7 +114,7 @@ class SourceEdit:
 
 
 EDIT_KINDS = ("constrain", "respec", "axes", "mesh", "logical-rule", "layout-map-key", "with-partitioning",
-              "shard-output", "xla-flag")
+              "shard-output", "forward-hook", "xla-flag")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from hlo_doctor.findings import Finding, SourceEdit
 from hlo_doctor.fix import FixPlan, PlannedEdit, Refusal
 from hlo_doctor.fix.constrain import constrain
 from hlo_doctor.fix.flags import xla_flag
+from hlo_doctor.fix.forward_hook import forward_hook
 from hlo_doctor.fix.imports import Imports
 from hlo_doctor.fix.locate import CannotEdit, Source
 from hlo_doctor.fix.mesh_edits import mesh
@@ -65,6 +66,7 @@ HANDLERS: dict[str, Handler] = {
     "layout-map-key": layout_map_key,
     "with-partitioning": with_partitioning,
     "shard-output": shard_output,
+    "forward-hook": forward_hook,
 }
 
 

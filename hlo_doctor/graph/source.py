@@ -7,6 +7,11 @@ torch_xla, xla, site-packages and the runner's bootstrap (its
 
 :func:`frames_of` is the instruction's whole frame chain, innermost first
 (the parser resolves ``stack_frame_id`` through the module's tables).
+
+:func:`module_path_of` is the ``nn.Module`` an op of a torch_xla program belongs
+to, when the runner wrote its path into the op_name
+(``model.layers.0.self_attn.o_proj/aten__mm``); :func:`split_module_path`
+splits such an op_name into the path and the op's own name.
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ import re
 
 from hlo_doctor.hlo.ir import Instruction, SourceLocation, StackFrame
 
-__all__ = ["frames_of", "is_library_file", "user_frame", "user_frame_of"]
+__all__ = ["frames_of", "is_library_file", "module_path_of", "split_module_path", "user_frame", "user_frame_of"]
 
 _LIBRARY = re.compile(
     r"(?:^|/)(?:site-packages|dist-packages|jax|jaxlib|torch|torch_xla|xla|flax|optax|haiku"
     r"|equinox|_pytest|pluggy|importlib)/"
     r"|(?:^|/)(?:sitecustomize\.py|runpy\.py)$|^<"
 )
+
+
+# "<module path>/<torch_xla op name>": torch_xla's op names start with aten__, xla__ or prim__
+# (scoped ones read aten__add.14/aten__add), a module path never does; the runner writes only
+# paths of word characters, dots and dashes.
+_MODULE_OP_NAME = re.compile(r"^(?!(?:aten|xla|prim)__)([\w.-]+)/((?:aten|xla|prim)__.*)$", re.DOTALL)
 
 
 def is_library_file(path: str) -> bool:
@@ -49,3 +60,32 @@ def frames_of(instruction: Instruction) -> tuple[StackFrame, ...]:
 def user_frame_of(instruction: Instruction) -> StackFrame | None:
     """:func:`user_frame` of the instruction's source location."""
     return user_frame(instruction.source)
+
+
+def split_module_path(op_name: str | None) -> tuple[str | None, str]:
+    """``model.layers.0.self_attn.o_proj/aten__mm`` -> (``model.layers.0.self_attn.o_proj``, ``aten__mm``).
+
+    The runner (torch_xla) prefixes the op_name of the ops each submodule's forward makes
+    with the module's path, relative to the model the program calls. An op_name without one
+    (``aten__mm``, ``aten__add.14/aten__add``, JAX's ``jit(step)/dot_general``) comes back
+    whole, with None.
+    """
+    if not op_name:
+        return None, op_name or ""
+    match = _MODULE_OP_NAME.match(op_name)
+    if match is None:
+        return None, op_name
+    return match.group(1), match.group(2)
+
+
+def module_path_of(instruction: Instruction) -> str | None:
+    """The path of the ``nn.Module`` whose forward made ``instruction`` (None: not known).
+
+    Innermost module first: an op inside ``o_proj`` is ``o_proj``'s, not ``self_attn``'s. A
+    parameter has none: it takes the path of the first module torch_xla lowers that reads it,
+    which for a program input or a tied weight is not where it comes from.
+    """
+    metadata = instruction.metadata
+    if metadata is None or instruction.opcode == "parameter":
+        return None
+    return split_module_path(metadata.op_name)[0]

@@ -141,7 +141,8 @@ def fold_symptoms(
 
     Findings are taken in order of their rule's ``cause_rank`` (closest to a root cause
     first). A later finding of the same module is a symptom of a kept finding of another
-    rule when its op or related ops include the kept finding's op, when its op is among
+    rule when its op or related ops include the kept finding's op (or an op folded into it
+    for the same fix), when its op is among
     the kept finding's related ops (names in the per-device snapshot: those of its
     collectives, ``collectives``), or when both name one of those collectives (the same
     traffic, explained twice). It
@@ -156,7 +157,7 @@ def fold_symptoms(
         shared = names & collectives
         cause = next((k for k, other in enumerate(kept) if other.rule != finding.rule
                       and other.module == finding.module and (
-                          other.instruction in names
+                          names & _own_ops(other)
                           or shared & {other.instruction, *other.related}
                           or (finding.instruction in other.related and _names_collectives(other, collectives)))),
                      None)
@@ -176,6 +177,13 @@ def fold_symptoms(
         kept[cause] = dataclasses.replace(other, related=tuple(related), message=f"{message}{_CAUSES}{listed}",
                                           evidence={**other.evidence, "symptoms": symptoms})
     return kept
+
+
+def _own_ops(finding: Finding) -> set[str]:
+    """The finding's op and the ops folded into it for the same fix (:func:`fold_same_fix`)."""
+    same = finding.evidence.get("same_fix", ())
+    return {name for name in (finding.instruction, *(s.get("instruction") for s in same if isinstance(s, Mapping)))
+            if isinstance(name, str)}
 
 
 def _symptom_text(symptom: Mapping) -> str:

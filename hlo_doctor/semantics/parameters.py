@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import DataflowGraph
+from hlo_doctor.graph.source import split_module_path
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors
 from hlo_doctor.semantics.view import ModuleView
@@ -102,7 +103,8 @@ def _numbers(params: Iterable[Instruction]) -> set[int]:
 def _name(param: Instruction) -> str:
     metadata = param.metadata
     if metadata is not None and metadata.op_name:
-        return metadata.op_name
+        # torch_xla: not the path of the module that happens to read it first (see module_path_of)
+        return split_module_path(metadata.op_name)[1]
     return param.name
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
+from hlo_doctor.graph.source import module_path_of
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
 from hlo_doctor.rules._batch import (
     BatchAnalysis,
@@ -18,6 +20,7 @@ from hlo_doctor.rules._batch import (
     with_torch_source,
 )
 from hlo_doctor.rules._levers import at_flax_rules, user_constraint_respec, with_lever
+from hlo_doctor.rules._module_hooks import forward_hook_lever
 from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -75,7 +78,11 @@ class NonBatchDimSharding(Rule):
     on that splits a feature dim gets its spec rewritten where the program
     writes the ``P(...)`` (followed back through names); in a Flax linen
     program, the batch's logical axis rule moves ahead of the rules that claim
-    the same mesh axis (``nn.logical_axis_rules``).
+    the same mesh axis (``nn.logical_axis_rules``). In a torch_xla program whose
+    dot has only library frames (a Hugging Face layer), the module the runner
+    names in the op_name (``model.layers.0.self_attn.o_proj/aten__mm``) gets a
+    forward hook that marks its output over the batch axes, registered before
+    the model call, on every layer at once when every layer has the finding.
 
     ```python
     # JAX
@@ -84,6 +91,12 @@ class NonBatchDimSharding(Rule):
     xs.mark_sharding(h, mesh, (('fsdp', 'replica'), None))
     # Flax linen: the batch rule first
     rules = [('batch', 'data'), ('embed', 'data'), ('mlp', None)]
+    # torch_xla, a library layer: a forward hook on the module
+    def shard_batch(module, args, output):
+        xs.mark_sharding(output, mesh, (('replica', 'fsdp'),) + (None,) * (output.dim() - 1))
+
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.register_forward_hook(shard_batch)
     ```
 
     **Options**
@@ -122,9 +135,11 @@ class NonBatchDimSharding(Rule):
                 if found is not None:
                     judged.append((computation.name, instruction, found))
         names = ctx.partitioned_names([(c, i.name) for c, i, _ in judged])
+        # torch_xla: the modules (runner-recorded paths) whose dots are judged, for a fix on each layer at once
+        paths = frozenset(p for _, i, _ in judged if (p := module_path_of(i)) is not None)
         for computation, instruction, found in judged:
             yield self._finding(ctx, analysis, computation, instruction, names.get((computation, instruction.name)),
-                                *found)
+                                paths, *found)
 
     def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
         key = (computation, dot.name)
@@ -151,7 +166,7 @@ class NonBatchDimSharding(Rule):
         return None
 
     def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction,
-                 partitioned_name: str | None,
+                 partitioned_name: str | None, module_paths: frozenset[str],
                  batch_dim: int, param: int, sharded: list[int], operand: Instruction, in_dim: int,
                  in_shards: int) -> Finding:
         mesh = ctx.mesh
@@ -204,7 +219,17 @@ class NonBatchDimSharding(Rule):
                 "executions_per_step": times,
             },
         )
-        finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
+        finding = with_torch_source(ctx, finding, analysis.module, dot)
+        path = module_path_of(dot) if ctx.framework == "torch_xla" else None
+        if path is not None and finding.source is None:
+            # only library frames, and no call of the module from the user's code: the fix is a forward
+            # hook on the module the runner named in the op_name
+            hook = forward_hook_lever(ctx.dump.run_record, path, module_paths, spec, batch_dim)
+            if hook is not None:
+                hooked = with_lever(finding, hook, ctx.framework)
+                return dataclasses.replace(hooked, message=hooked.message.replace(
+                    " (the op records only library frames;", f" (the op records only library frames, of {path};", 1))
+        finding = with_user_variable(finding, "h")
         at_rules = at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework)
         if at_rules is not finding or finding.source is None:
             return at_rules

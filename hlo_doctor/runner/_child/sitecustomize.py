@@ -34,6 +34,9 @@ What it records, as JSON lines appended to the file named by
   the HLO (``model.states[0][i]`` is the i-th);
 * ``process``: device count and framework versions, when the child exits.
 
+Under torch_xla it also writes each submodule's path into the HLO's op_name
+(``model.layers.0.self_attn.o_proj/aten__mm``), see :func:`_label_module_io`.
+
 With ``HLO_DOCTOR_TARGET`` set (``hlo-doctor run --target``), it also loads
 ``_hlo_doctor_deviceless`` from the same folder, which makes JAX compile for
 the target GPU topology instead of running (see that module), and records
@@ -50,9 +53,11 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
 import sysconfig
 import threading
+import weakref
 
 _EVENTS_VAR = "HLO_DOCTOR_EVENTS"
 _TARGET_VAR = "HLO_DOCTOR_TARGET"
@@ -317,11 +322,14 @@ def _record_module_tree(module) -> None:
     _seen_module_trees.add(id(module))
     cls = type(module)
     modules = []
+    labels = "torch_xla" in sys.modules
     for path, sub in module.named_modules():
         _seen_module_trees.add(id(sub))  # a submodule the user's code calls is part of this tree
         if len(modules) >= _MAX_TREE:
             break
         modules.append({"path": path, "class": f"{type(sub).__module__}.{type(sub).__qualname__}"})
+        if labels and _PATH.match(path):  # a ModuleDict key of other characters is not written
+            _remember_path(sub, path)
     parameters = []
     for path, param in module.named_parameters():
         if len(parameters) >= _MAX_TREE:
@@ -339,9 +347,117 @@ def _patch_torch_module(module) -> None:
         _record_module_call(self)
         if id(self) not in _seen_module_trees and _called_from_user_code(2):
             _record_module_tree(self)
-        return original_call(self, *args, **kwargs)
+        path = _path_of(self) if _module_paths else None
+        if path is None:
+            return original_call(self, *args, **kwargs)
+        running = _running_paths()
+        _label_module_io(path, running, (args, kwargs), output=False)
+        running.append(path)
+        try:
+            result = original_call(self, *args, **kwargs)
+        finally:
+            running.pop()
+        _label_module_io(path, running, result, output=True)
+        return result
 
     module_class.__call__ = __call__
+
+
+# --- torch_xla: module paths in the HLO's op_name ----------------------------------
+
+# module -> its path in the tree recorded for the model the user calls (torch_xla only)
+_module_paths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_labeled: dict[int, weakref.ref] = {}  # id -> the tensor, for each tensor given a path (or left without one)
+_running = threading.local()
+# The prefix call keeps only the outermost N frames of each op's stack as its source location
+# (N=2 turns every line into torch/nn/modules/module.py; 0 fails to lower): more frames than
+# any stack has keep the location as it was.
+_ALL_FRAMES = 1 << 16
+_PATH = re.compile(r"^[\w.-]*$")
+_MAX_WALK = 64
+
+
+def _remember_path(module, path: str) -> None:
+    try:
+        _module_paths.setdefault(module, path)
+    except TypeError:  # a module class that defines __eq__ without __hash__ gets no path
+        pass
+
+
+def _path_of(module) -> str | None:
+    try:
+        return _module_paths.get(module)
+    except TypeError:
+        return None
+
+
+def _running_paths() -> list:
+    paths = getattr(_running, "paths", None)
+    if paths is None:
+        paths = _running.paths = []
+    return paths
+
+
+def _tensors(value, found: list, depth: int = 0) -> list:
+    """The tensors in a module's arguments or output: tensors, tuples, lists and mappings
+    (``ModelOutput``), a few levels deep."""
+    torch = sys.modules.get("torch")
+    if torch is None or depth > 4 or len(found) >= _MAX_WALK:
+        return found
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value[:_MAX_WALK]:
+            _tensors(item, found, depth + 1)
+    elif isinstance(value, dict):
+        for item in list(value.values())[:_MAX_WALK]:
+            _tensors(item, found, depth + 1)
+    return found
+
+
+def _claim(tensor) -> bool:
+    """Whether ``tensor`` has no path yet; it then has one (the caller gives it)."""
+    key = id(tensor)
+    ref = _labeled.get(key)
+    if ref is not None and ref() is tensor:
+        return False
+    try:
+        _labeled[key] = weakref.ref(tensor, lambda _, key=key: _labeled.pop(key, None))
+    except TypeError:
+        return False
+    return True
+
+
+def _label_module_io(path: str, running: list, value, output: bool) -> None:
+    """Write a module path into the op_name of the XLA ops that make a module's tensors.
+
+    ``torch_xla._XLAC._set_xla_custom_op_name_prefix(t, path + "/", depth)`` names the op of
+    ``t``'s IR node ``path/aten__mm`` in the HLO metadata; when the graph is lowered, the ops it
+    reaches first that have no name of their own take the same prefix (the matmul inside a
+    ``Linear``, its weight's ``xla__device_data``). Ops torch_xla scopes itself
+    (``aten__add.3/aten__add``) keep their name. Only metadata changes: the HLO's ops and
+    shardings are the same.
+
+    Innermost wins, deterministically: a tensor gets a path once. A module's output gets
+    the module's path unless an inner module's output already has one (``self_attn`` returns
+    ``o_proj``'s output: it stays ``...self_attn.o_proj``); a module's tensor arguments get the
+    path of the module that is running when it is called (its caller made them), so the ops
+    the caller ran before the call do not take the callee's path. The root (path ``""``) names
+    nothing, and the tensors the user's code passes it are left without a path.
+    """
+    try:
+        xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
+        prefix_of = getattr(xlac, "_set_xla_custom_op_name_prefix", None)
+        if prefix_of is None:
+            return
+        owner = path if output else (running[-1] if running else "")
+        for tensor in _tensors(value, []):
+            if not _claim(tensor) or not owner or tensor.device.type != "xla":
+                continue
+            prefix_of(tensor, owner + "/", _ALL_FRAMES)
+    except Exception as error:  # noqa: BLE001 - report once and stop labelling
+        _module_paths.clear()
+        _report_error("label_module_io", error)
 
 
 # --- Keras 3 and Flax: recorders in a sibling module (_child/third_party.py) ------------
