@@ -15,6 +15,7 @@ import pytest
 import hlo_doctor.fix as fixlib
 from hlo_doctor.findings import Finding, Report, Severity, SourceEdit, SourceRef, Suggestion
 from hlo_doctor.fix import FixPlan, PlannedEdit, verify
+from hlo_doctor.fix.output import verification_text
 from hlo_doctor.fix.verify import Traffic, verify_fix
 
 
@@ -85,6 +86,8 @@ def test_rounds_stop_at_the_limit_and_a_warning_left_fails(loop, tmp_path: Path)
     result = verify_fix(script, rounds=1)
     assert len(runs) == 2 and not result.ok
     assert [f.rule for f in result.new] == ["non-batch-dim-sharding"]
+    # the scratch copy the new finding names is gone: the report calls it the patched copy
+    assert f"  new: warning non-batch-dim-sharding at {script} (patched copy):1: m" in verification_text(result)
 
 
 def test_a_new_warning_without_an_edit_is_not_patched_around(loop, tmp_path: Path) -> None:

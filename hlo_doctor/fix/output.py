@@ -30,15 +30,27 @@ def _shown(path: object) -> str:
         return str(path)
 
 
-def _where(finding: Finding, *, relative: bool = False) -> str:
+def _where(finding: Finding, *, relative: bool = False, copy: tuple[str, str] | None = None) -> str:
+    """``file:line`` of the finding (relative to the current folder with ``relative``), or its
+    module; ``copy``: (the scratch copy's path, what to call it), as the copy is gone afterwards."""
     if finding.source is not None:
+        if copy is not None and finding.source.file == copy[0]:
+            return f"{copy[1]}:{finding.source.line}"
         file = _shown(finding.source.file) if relative else finding.source.file
         return f"{file}:{finding.source.line}"
     return finding.module
 
 
-def _here(finding: Finding) -> str:
-    return _where(finding, relative=True)
+def _here(finding: Finding, copy: tuple[str, str] | None = None) -> str:
+    return _where(finding, relative=True, copy=copy)
+
+
+def _scratch_copy(result: Verification, *, relative: bool) -> tuple[str, str] | None:
+    """The scratch copy the findings after the patch name (removed by now), and its name in the report."""
+    if result.copy is None or result.patched_copy is not None:
+        return None
+    program = _shown(str(result.program)) if relative else str(result.program)
+    return str(result.copy), f"{program} (patched copy)"
 
 
 def _edit_dict(planned: Any) -> dict[str, Any]:
@@ -96,6 +108,7 @@ def _traffic_dict(traffic: Traffic | None) -> dict[str, Any] | None:
 
 
 def verification_to_dict(result: Verification, *, exit_code: int) -> dict[str, Any]:
+    copy = _scratch_copy(result, relative=False)
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "fix-verify",
@@ -109,9 +122,9 @@ def verification_to_dict(result: Verification, *, exit_code: int) -> dict[str, A
         "environment": [{"rule": c.finding.rule, "fingerprint": c.finding.fingerprint, "where": _where(c.finding),
                          "remove_from_xla_flags": c.flag} for c in result.environment],
         "targeted": [
-            {"rule": o.finding.rule, "fingerprint": o.finding.fingerprint, "where": _where(o.finding),
+            {"rule": o.finding.rule, "fingerprint": o.finding.fingerprint, "where": _where(o.finding, copy=copy),
              "message": o.finding.message, "status": o.status, "matched_by": o.matched_by,
-             "after": None if o.after is None else {"where": _where(o.after), "message": o.after.message}}
+             "after": None if o.after is None else {"where": _where(o.after, copy=copy), "message": o.after.message}}
             for o in result.targeted],
         "new_findings": [finding_to_dict(f) for f in result.new],
         "bytes_per_device": {"before": _traffic_dict(result.before_traffic),
@@ -136,6 +149,7 @@ def _change(before: int, after: int | None) -> str:
 
 def verification_text(result: Verification) -> str:
     """The report of ``fix --verify`` (the diff first)."""
+    copy = _scratch_copy(result, relative=True)
     lines: list[str] = []
     diff = _diff(result.plan)
     if diff:
@@ -143,7 +157,7 @@ def verification_text(result: Verification) -> str:
         lines.append("")
     lines.append(f"hlo-doctor fix --verify: {_shown(result.program)}")
     for planned in result.plan.applied:
-        lines.append(f"  edit: {_here(planned.finding)}: {planned.finding.rule}: {planned.description}")
+        lines.append(f"  edit: {_here(planned.finding, copy)}: {planned.finding.rule}: {planned.description}")
     for change in result.environment:
         lines.append(f"  environment: {_here(change.finding)}: {change.finding.rule}: remove {change.flag} from "
                      "XLA_FLAGS (set outside the program: the copy was recompiled without it; the change is yours)")
@@ -153,10 +167,10 @@ def verification_text(result: Verification) -> str:
         lines.append(f"  not verified: {problem}")
     if result.after is not None:
         for outcome in result.targeted:
-            how = f" (matched by {outcome.matched_by} at {_here(outcome.after)})" if outcome.after else ""
-            lines.append(f"  {outcome.status}: {outcome.finding.rule} at {_here(outcome.finding)}{how}")
+            how = f" (matched by {outcome.matched_by} at {_here(outcome.after, copy)})" if outcome.after else ""
+            lines.append(f"  {outcome.status}: {outcome.finding.rule} at {_here(outcome.finding, copy)}{how}")
         for finding in result.new:
-            lines.append(f"  new: {finding.severity.value} {finding.rule} at {_here(finding)}: {finding.message}")
+            lines.append(f"  new: {finding.severity.value} {finding.rule} at {_here(finding, copy)}: {finding.message}")
         if not result.new:
             lines.append("  no new findings")
     before, after = result.before_traffic, result.after_traffic

@@ -107,6 +107,8 @@ class Verification:
     new: tuple[Finding, ...] = ()
     patched_copy: Path | None = None
     """where the patched script was kept (``output``); None: a scratch copy, removed"""
+    copy: Path | None = None
+    """the patched copy that was compiled (``patched_copy``, or the scratch copy: gone by now)"""
     written: tuple[str, ...] = ()
     """original files patched in place (``write=True`` and the verification passed)"""
     problems: tuple[str, ...] = ()
@@ -181,6 +183,7 @@ def verify_fix(
         copy, problems = _write_copy(script, program, plan, scratch / "overlay", output)
         result.problems = problems
         result.patched_copy = Path(output) if output is not None else None
+        result.copy = copy
         if problems:
             return result
         try:
