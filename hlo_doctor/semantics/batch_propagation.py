@@ -43,7 +43,6 @@ _SIMPLE = frozenset({
 })
 
 Pairs = frozenset  # of (parameter number, dim)
-_EMPTY: Pairs = frozenset()
 _NONE = 0  # no pairs, as bits
 
 
