@@ -98,3 +98,15 @@ def test_collective_roles_share_their_parameter_tuples():
     ctx = RuleContext(dump, dump.modules[0])
     tuples = [o.parameters for role in ctx.semantics.roles for o in role.operands if len(o.parameters) > 1]
     assert len({id(t) for t in tuples}) == len(set(tuples)) < len(tuples)
+
+
+def test_node_keys_are_made_when_read():
+    """graph.keys holds no tuple per node; each key read is the computation's and the name."""
+    module = load_dump(FIXTURE).modules[0].partitioned().module()
+    graph = build_graph(module)
+    expected = [(c.name, i.name) for c in module.computations for i in c.instructions]
+    keys = graph.keys
+    assert len(keys) == len(expected) and list(keys) == expected
+    assert [keys[n] for n in range(len(keys))] == expected and keys[-1] == expected[-1]
+    assert keys[2:5] == expected[2:5]
+    assert all(graph.id_of(key) == node for node, key in enumerate(keys))
