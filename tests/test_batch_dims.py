@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.hlo import parse_module
 from hlo_doctor.rules._batch import _Propagation
+from hlo_doctor.semantics.batch_dims import BatchAnalysis
+from hlo_doctor.semantics.batch_propagation import PairBits, PairValues
 
 # Hand-written HLO: x[8,4,6] is the batch input (dim 0); w is a weight.
 TEXT = """
@@ -72,3 +76,43 @@ def test_batch_dim_through_each_kind_of_op():
     assert dims("h", "body") == {0} and dims("n", "body") == {0}   # into the loop
     assert dims("out") == {0}           # and out of it
     assert dims("w") == set()
+
+
+def _random_pairs(rng: random.Random, numbers: list[int]) -> frozenset[tuple[int, int]]:
+    return frozenset((rng.choice(numbers), rng.randrange(5)) for _ in range(rng.randrange(12)))
+
+
+def test_pair_bits_are_the_sets_of_pairs():
+    """The propagation's bits mean what the sets of pairs meant: coded, moved, kept and read back."""
+    rng = random.Random(7)
+    numbers = [3, 9, 10, 41, 200]
+    coding = PairBits(numbers)
+    for _ in range(300):
+        pairs = _random_pairs(rng, numbers)
+        bits = coding.encode(pairs)
+        assert coding.pairs(bits) == pairs
+        mapping = tuple(rng.randrange(-1, 5) for _ in range(rng.randrange(6)))
+        moved = {(p, mapping[d]) for p, d in pairs if d < len(mapping) and mapping[d] >= 0}
+        assert coding.pairs(coding.move(mapping, bits)) == moved
+        rank = rng.randrange(6)
+        assert coding.pairs(coding.keep(bits, rank)) == {(p, d) for p, d in pairs if d < rank}
+    assert coding.decode((coding.encode({(9, 1)}), 0)) == (frozenset({(9, 1)}), frozenset())
+
+
+def test_batch_dims_are_those_of_the_sorted_pairs():
+    """dim -> batch input, in the order (and with the input, the largest) the sorted pairs gave."""
+    module = parse_module(TEXT)
+    graph = build_graph(module)
+    key = ("main", "flat")
+    node = graph.id_of(key)
+    rng = random.Random(11)
+    numbers = [2, 5, 6, 30, 31]
+    coding = PairBits(numbers)
+    for _ in range(200):
+        pairs = _random_pairs(rng, numbers)
+        inputs = frozenset(n for n in numbers if rng.random() < 0.6)
+        bits = [0] * (len(graph) + 1)
+        bits[node] = coding.encode(pairs)
+        analysis = BatchAnalysis(module, graph, inputs, frozenset(), {}, PairValues(bits, coding), {})
+        expected = {dim: param for param, dim in sorted(pairs) if param in inputs}
+        assert list(analysis.batch_dims(key).items()) == list(expected.items())

@@ -17,6 +17,7 @@ from hlo_doctor.hlo import parse_module
 from hlo_doctor.hlo.opcodes import OPCODE_STRINGS
 from hlo_doctor.hlo.parser import parse_entry_parameters
 from hlo_doctor.report.json import render_json
+from hlo_doctor.rules import RuleContext
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE = FIXTURES / "fsdp-activation-gather" / "jax-shardy-bad"
@@ -80,3 +81,32 @@ def test_id_rows():
     rows = IdRows([(1, 2), (), (3,)])
     assert len(rows) == 3 and rows[0] == (1, 2) and rows[1] == () and rows[-1] == (3,)
     assert list(rows) == [(1, 2), (), (3,)]
+
+
+def test_equal_parameter_bitsets_are_one_object():
+    """A deep network's nodes derive from the same growing sets of parameters: one int each."""
+    module = load_dump(FIXTURES / "llama-fsdp" / "jax-shardy-healthy").modules[0].partitioned().module()
+    graph = build_graph(module)
+    bits = [graph.parameter_bits(node) for node in range(len(graph))
+            if graph.instruction_at[node].opcode != "tuple" and not graph.instruction_at[node].shape.is_tuple]
+    assert len({id(b) for b in bits if b > 256}) == len({b for b in bits if b > 256}) > 1
+
+
+def test_collective_roles_share_their_parameter_tuples():
+    """Operands that derive from the same parameters hold one tuple of them, not a copy each."""
+    dump = load_dump(FIXTURES / "hf-1d-params-torch-xla" / "torch_xla-bad")
+    ctx = RuleContext(dump, dump.modules[0])
+    tuples = [o.parameters for role in ctx.semantics.roles for o in role.operands if len(o.parameters) > 1]
+    assert len({id(t) for t in tuples}) == len(set(tuples)) < len(tuples)
+
+
+def test_node_keys_are_made_when_read():
+    """graph.keys holds no tuple per node; each key read is the computation's and the name."""
+    module = load_dump(FIXTURE).modules[0].partitioned().module()
+    graph = build_graph(module)
+    expected = [(c.name, i.name) for c in module.computations for i in c.instructions]
+    keys = graph.keys
+    assert len(keys) == len(expected) and list(keys) == expected
+    assert [keys[n] for n in range(len(keys))] == expected and keys[-1] == expected[-1]
+    assert keys[2:5] == expected[2:5]
+    assert all(graph.id_of(key) == node for node, key in enumerate(keys))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from hlo_doctor.hlo.ir import (
     HloModule,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 from hlo_doctor.graph.dataflow_propagate import _bits_to_indices, _flatten, _propagate_params, dataflow_order
 
-__all__ = ["NO_NODE", "PARAM_KINDS", "ROOT_KINDS", "DataflowGraph", "IdRows", "NodeInfo", "NodeKey"]
+__all__ = ["NO_NODE", "PARAM_KINDS", "ROOT_KINDS", "DataflowGraph", "IdRows", "NodeInfo", "NodeKey", "NodeKeys"]
 
 
 NodeKey = tuple[str, str]  # (computation name, instruction name)
@@ -98,6 +99,44 @@ class IdRows:
             yield tuple(flat[starts[node] : starts[node + 1]])
 
 
+class NodeKeys(Sequence[NodeKey]):
+    """Node id -> key, each key made when read (from the computation spans and the instruction's
+    name): a list of them would be one tuple per node, kept as long as the graph."""
+
+    __slots__ = ("_instruction_at", "_names", "_starts")
+
+    def __init__(self, spans: list[tuple[int, str]], instruction_at: list[Instruction]) -> None:
+        self._starts = [first for first, _ in spans]
+        self._names = [name for _, name in spans]
+        self._instruction_at = instruction_at
+
+    def __len__(self) -> int:
+        return len(self._instruction_at)
+
+    @overload
+    def __getitem__(self, node: int) -> NodeKey: ...
+
+    @overload
+    def __getitem__(self, node: slice) -> list[NodeKey]: ...
+
+    def __getitem__(self, node: int | slice) -> NodeKey | list[NodeKey]:
+        if isinstance(node, slice):
+            return [self[i] for i in range(*node.indices(len(self)))]
+        if node < 0:
+            node += len(self)
+        if not 0 <= node < len(self):
+            raise IndexError(node)
+        # The last span starting at or before the node: earlier spans of the same start are empty.
+        return (self._names[bisect_right(self._starts, node) - 1], self._instruction_at[node].name)
+
+    def __iter__(self) -> Iterator[NodeKey]:
+        instruction_at = self._instruction_at
+        ends = [*self._starts[1:], len(instruction_at)]
+        for first, end, name in zip(self._starts, ends, self._names, strict=True):
+            for instruction in instruction_at[first:end]:
+                yield (name, instruction.name)
+
+
 class DataflowGraph:
     """A module's dataflow graph and the queries rules ask of it (see the module docstring)."""
 
@@ -124,13 +163,9 @@ class DataflowGraph:
 
     # ---- ids -----------------------------------------------------------
     @cached_property
-    def keys(self) -> list[NodeKey]:
-        """Node id -> key (made on first use)."""
-        keys: list[NodeKey] = []
-        instruction_at = self.instruction_at
-        for (first, name), end in zip(self._spans, self._span_ends, strict=False):
-            keys.extend([(name, instruction.name) for instruction in instruction_at[first:end]])
-        return keys
+    def keys(self) -> NodeKeys:
+        """Node id -> key (each made when read)."""
+        return NodeKeys(self._spans, self.instruction_at)
 
     def id_of(self, key: NodeKey) -> int | None:
         """The node id of ``key``, or None."""
@@ -315,7 +350,7 @@ class DataflowGraph:
 class _Arrays:
     """What the key-level views read: the graph's lists, without the graph."""
 
-    keys: list[NodeKey]
+    keys: NodeKeys
     ids: dict[str, dict[str, int]]
     instruction_at: list[Instruction]
     operand_ids: IdRows

@@ -174,6 +174,15 @@ def _propagate(graph: DataflowGraph) -> list:
     operand_ids = graph.operand_ids
     calls_into = graph.calls_into
     values: list = [0] * (len(instruction_at) + 1)  # the extra last slot is NO_NODE's: always 0
+    # One int object per distinct bitset: in a deep network most values derive from the same
+    # hundreds of parameters (a gradient from every later layer's weights), and a new int of
+    # as many bits per node would make the list grow with nodes x parameters.
+    interned: dict[int, int] = {}
+
+    def intern(value):  # an int bitset, or a tuple of values
+        if value.__class__ is int:
+            return interned.setdefault(value, value)
+        return tuple(intern(element) for element in value)
 
     def transfer(node: int):
         instruction: Instruction = instruction_at[node]
@@ -212,5 +221,5 @@ def _propagate(graph: DataflowGraph) -> list:
             value = _join(value, values[source])
         return value
 
-    propagate_forward(graph, transfer, values)
+    propagate_forward(graph, lambda node: intern(transfer(node)), values)
     return values

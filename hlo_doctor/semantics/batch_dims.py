@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey
@@ -40,8 +41,9 @@ from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
 from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _DOTS, _reshape: re-exported (rules/_batch reads them here)
     _DOTS,
-    _EMPTY,
+    PairBits,
     Pairs,
+    PairValues,
     _Propagation,
     _reshape,
     roles_map,
@@ -62,19 +64,34 @@ class BatchAnalysis:
     batch_inputs: frozenset[int]
     weights: frozenset[int]  # buffer donors (torch_xla training steps), else empty
     global_batch: dict[int, int]  # batch input -> its global dim-0 size
-    values: list  # node id -> its pairs (a frozenset, or a tuple of values for a tuple)
+    values: PairValues  # node id -> its pairs (a frozenset, or a tuple of values for a tuple)
     inputs: dict[int, Instruction]
     # The batch inputs whose dim 0 reaches a matmul as the activation's free dim (all of them,
     # for analyze_batch; a subset of the data inputs for analyze_data_batch).
     matmul_inputs: frozenset[int] = frozenset()
 
     def batch_dims(self, key: NodeKey) -> dict[int, int]:
-        """dim -> the batch input it carries, for an array value (empty: not an activation)."""
+        """dim -> the batch input it carries, for an array value (empty: not an activation).
+
+        A dim that carries several batch inputs gives the largest; the dims come in the order of
+        the smallest batch input each carries (then by dim): that of the pairs sorted.
+        """
         node = self.graph.id_of(key)
-        value = self.values[node] if node is not None else _EMPTY
-        if not isinstance(value, frozenset):
+        bits = self.values.bits[node] if node is not None else 0
+        if not isinstance(bits, int):
             return {}
-        return {dim: param for param, dim in sorted(value) if param in self.batch_inputs}
+        coding, mask = self.values.coding, self._batch_mask
+        found = []
+        for dim, part in coding.blocks(bits):
+            part &= mask
+            if part:
+                found.append(((part & -part).bit_length(), dim, coding.numbers[part.bit_length() - 1]))
+        return {dim: param for _, dim, param in sorted(found)}
+
+    @cached_property
+    def _batch_mask(self) -> int:
+        """The batch inputs' bits in one block of :attr:`values`' coding."""
+        return self.values.coding.mask(self.batch_inputs)
 
     def derives_from_batch(self, key: NodeKey) -> bool:
         node = self.graph.id_of(key)
@@ -220,14 +237,14 @@ def _follow_batch(
         values, _ = propagation.run({k: v for k, v in seeds.items() if next(iter(v))[0] in kept},
                                     through_dots=True)
     else:
-        values = [_EMPTY] * (len(graph.instruction_at) + 1)
+        values = PairValues([0] * (len(graph.instruction_at) + 1), PairBits(()))
     result = BatchAnalysis(module, graph, frozenset(kept), donors,
                            {p: global_batch[p] for p in kept}, values, {p: candidates[p] for p in kept})
     result.matmul_inputs = frozenset(batch)
     return result
 
 
-def _batch_inputs(graph: DataflowGraph, values: list, touched: list[int], candidates: set[int]) -> set[int]:
+def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], candidates: set[int]) -> set[int]:
     found: set[int] = set()
     instruction_at = graph.instruction_at
     for node in touched:

@@ -1,8 +1,15 @@
 """The dataflow pass behind :mod:`hlo_doctor.semantics.batch_dims`: which (parameter, dim) pairs
-each value carries, op by op."""
+each value carries, op by op.
+
+While it runs, a value's pairs are the bits of one int (:class:`PairBits`), and equal values are
+one object: in a deep network each activation carries the batch dims of the inputs of every
+layer before it (norm scales count as data), so sets of pairs per node would grow with
+nodes x layers. :class:`PairValues` gives them back as sets of pairs when read.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 
 from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, propagate_forward
@@ -10,7 +17,7 @@ from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.hlo.attributes import parse_int_list
 from hlo_doctor.hlo.ir import Instruction, Shape
 
-__all__ = ["Pairs", "roles_map"]
+__all__ = ["PairBits", "PairValues", "Pairs", "roles_map"]
 
 # Ops whose value carries no dims of its operands.
 _SOURCES = frozenset({"constant", "iota", "partition-id", "replica-id", "rng", "rng-bit-generator",
@@ -36,24 +43,119 @@ _SIMPLE = frozenset({
 })
 
 Pairs = frozenset  # of (parameter number, dim)
-_EMPTY: Pairs = frozenset()
+_NONE = 0  # no pairs, as bits
 
 
-def _flatten(value) -> Pairs:
-    if isinstance(value, frozenset):
+class PairBits:
+    """Sets of (parameter, dim) pairs of the given parameters as the bits of one int.
+
+    Pair ``(p, d)`` is bit ``d * width + i``, ``i`` the index of ``p`` among the parameters in
+    ascending order (``width`` of them): the pairs of one dim are one block of bits, so moving a
+    dim moves a block, and the highest (lowest) bit of a block is its largest (smallest) parameter.
+    """
+
+    __slots__ = ("_block", "_index", "numbers", "width")
+
+    def __init__(self, numbers: Iterable[int]) -> None:
+        self.numbers: tuple[int, ...] = tuple(sorted(set(numbers)))
+        self._index = {number: index for index, number in enumerate(self.numbers)}
+        self.width = max(1, len(self.numbers))
+        self._block = (1 << self.width) - 1
+
+    def encode(self, pairs: Iterable[tuple[int, int]]) -> int:
+        bits = _NONE
+        for number, dim in pairs:
+            bits |= 1 << (dim * self.width + self._index[number])
+        return bits
+
+    def mask(self, numbers: Iterable[int]) -> int:
+        """One block's bits of those of ``numbers`` that are coded here."""
+        bits = _NONE
+        for number in numbers:
+            index = self._index.get(number)
+            if index is not None:
+                bits |= 1 << index
+        return bits
+
+    def blocks(self, bits: int) -> Iterable[tuple[int, int]]:
+        """(dim, the block of its parameters) for each dim with pairs."""
+        width, block = self.width, self._block
+        for dim in range((bits.bit_length() + width - 1) // width):
+            part = bits >> (dim * width) & block
+            if part:
+                yield dim, part
+
+    def pairs(self, bits: int) -> Pairs:
+        numbers = self.numbers
+        return frozenset((numbers[index], dim) for dim, part in self.blocks(bits) for index in _indices(part))
+
+    def decode(self, value: int | tuple) -> Pairs | tuple:
+        """A value's pairs: a frozenset for bits, a tuple of values for a tuple."""
+        if isinstance(value, int):
+            return self.pairs(value)
+        return tuple(self.decode(element) for element in value)
+
+    def move(self, mapping: tuple[int, ...], bits: int) -> int:
+        """``bits`` with the pairs of dim ``d`` moved to dim ``mapping[d]`` (dropped where -1, or past the map)."""
+        width, block = self.width, self._block
+        moved = _NONE
+        for dim, target in enumerate(mapping):
+            if target >= 0:
+                part = bits >> (dim * width) & block
+                if part:
+                    moved |= part << (target * width)
+        return moved
+
+    def keep(self, bits: int, rank: int) -> int:
+        """The pairs of dims below ``rank``."""
+        return bits & ((1 << (rank * self.width)) - 1)
+
+
+def _indices(bits: int) -> list[int]:
+    """The positions of the set bits of ``bits``, ascending."""
+    found = []
+    index = 0
+    while bits:
+        skip = (bits & -bits).bit_length() - 1
+        index += skip
+        found.append(index)
+        bits >>= skip + 1
+        index += 1
+    return found
+
+
+class PairValues:
+    """Node id -> its pairs (a frozenset, or a tuple of values for a tuple), decoded on each read
+    from the propagation's bits (``bits``, coded by ``coding``)."""
+
+    __slots__ = ("bits", "coding")
+
+    def __init__(self, bits: list, coding: PairBits) -> None:
+        self.bits = bits
+        self.coding = coding
+
+    def __getitem__(self, node: int) -> Pairs | tuple:
+        return self.coding.decode(self.bits[node])
+
+    def __len__(self) -> int:
+        return len(self.bits)
+
+
+def _flatten(value) -> int:
+    if value.__class__ is int:
         return value
-    out: set = set()
+    out = _NONE
     for element in value:
         out |= _flatten(element)
-    return frozenset(out)
+    return out
 
 
 def _join(a, b):
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
         return tuple(_join(x, y) for x, y in zip(a, b, strict=False))
-    if a == _EMPTY:
+    if a == _NONE:
         return b
-    if b == _EMPTY:
+    if b == _NONE:
         return a
     return _flatten(a) | _flatten(b)
 
@@ -76,34 +178,39 @@ class _Propagation:
         self.entry_ids = graph.computation_range(entry.name) if entry is not None else range(0)
         self.transfer = _Transfer(graph, self.entry_ids)
 
-    def run(self, seeds: dict[int, Pairs], *, through_dots: bool) -> tuple[list, list[int]]:
-        """Every node's value (a list by id, with an always-empty slot for NO_NODE) and the nodes visited."""
+    def run(self, seeds: dict[int, Pairs], *, through_dots: bool) -> tuple[PairValues, list[int]]:
+        """Every node's value (by id, with an always-empty slot for NO_NODE) and the nodes visited."""
         graph = self.graph
-        values: list = [_EMPTY] * (len(graph.instruction_at) + 1)
+        coding = PairBits(number for pairs in seeds.values() for number, _ in pairs)
+        values: list = [_NONE] * (len(graph.instruction_at) + 1)
         if not seeds:
-            return values, []
+            return PairValues(values, coding), []
+        seed_bits = {node: coding.encode(pairs) for node, pairs in seeds.items()}
         instruction_at = graph.instruction_at
         transfer = self.transfer
         transfer.values = values
+        transfer.coding = coding
+        interned: dict[int, int] = {}
+
+        def intern(value):  # bits, or a tuple of values: one object per distinct bits
+            if value.__class__ is int:
+                return interned.setdefault(value, value)
+            return tuple(intern(element) for element in value)
 
         def compute(node: int) -> object:
-            if node in seeds:
-                return seeds[node]
+            if node in seed_bits:
+                return seed_bits[node]
             instruction = instruction_at[node]
             if not through_dots and instruction.opcode in _DOTS:
-                return _EMPTY
-            return transfer(node, instruction)
+                return _NONE
+            return intern(transfer(node, instruction))
 
         touched = propagate_forward(graph, compute, values, seeds)
-        return values, touched
+        return PairValues(values, coding), touched
 
 
-def _array(value) -> Pairs:
-    return value if value.__class__ is frozenset else _flatten(value)
-
-
-def _keep(value: Pairs, rank: int) -> Pairs:
-    return frozenset(p for p in value if p[1] < rank)
+def _array(value) -> int:
+    return value if value.__class__ is int else _flatten(value)
 
 
 @lru_cache(maxsize=8192)
@@ -148,27 +255,18 @@ class _Transfer:
     def __init__(self, graph: DataflowGraph, entry_ids: range) -> None:
         self.graph = graph
         self.values: list = []
+        self.coding = PairBits(())
         self.entry_ids = entry_ids
         self.operand_ids = graph.operand_ids
         self.instruction_at = graph.instruction_at
         self.calls_into = graph.calls_into
         # Per node, how its operand's dims map to its own (see _dim_map), made once and
-        # kept across runs; and each (map, pairs) result, as unrolled layers repeat them.
+        # kept across runs.
         self.maps: dict[int, tuple[tuple[int, ...], ...] | None] = {}
-        self.applied: dict[tuple, Pairs] = {}
 
-    def apply(self, mapping: tuple[int, ...], source: Pairs) -> Pairs:
+    def apply(self, mapping: tuple[int, ...], source: int) -> int:
         """``source``'s pairs with dim ``d`` moved to ``mapping[d]`` (dropped where -1)."""
-        if not source:
-            return _EMPTY
-        key = (mapping, source)
-        found = self.applied.get(key)
-        if found is None:
-            size = len(mapping)
-            found = self.applied[key] = frozenset(
-                (p, mapping[d]) for p, d in source if d < size and mapping[d] >= 0
-            )
-        return found
+        return self.coding.move(mapping, source) if source else _NONE
 
     def dim_maps(self, node: int, instruction: Instruction) -> tuple[tuple[int, ...], ...] | None:
         try:
@@ -204,7 +302,7 @@ class _Transfer:
         return _cached_map(key)
 
     def joined(self, node: int, kinds: frozenset[str]):
-        value = _EMPTY
+        value = _NONE
         values = self.values
         for source, kind in self.calls_into.get(node, ()):
             if kind in kinds:
@@ -223,31 +321,31 @@ class _Transfer:
         if opcode in _DOTS:
             maps = self.dim_maps(node, instruction)
             if maps is None:
-                return _EMPTY
+                return _NONE
             lhs, rhs = self.apply(maps[0], _array(values[sources[0]])), self.apply(maps[1], _array(values[sources[1]]))
             return lhs | rhs if lhs and rhs else lhs or rhs
         if opcode in _MAPPED and not shape.is_tuple:
-            source = _array(values[sources[0]]) if sources else _EMPTY
+            source = _array(values[sources[0]]) if sources else _NONE
             if not source:
-                return _EMPTY
+                return _NONE
             maps = self.dim_maps(node, instruction)
-            return _EMPTY if maps is None else self.apply(maps[0], source)
+            return _NONE if maps is None else self.apply(maps[0], source)
         if opcode in _SOURCES:
-            return _EMPTY
+            return _NONE
         if opcode == "parameter":
-            return _EMPTY if node in self.entry_ids else self.joined(node, PARAM_KINDS)
+            return _NONE if node in self.entry_ids else self.joined(node, PARAM_KINDS)
         if opcode in _CALLERS:
             return self.joined(node, ROOT_KINDS)
         if opcode == "tuple":
             return tuple(values[s] for s in sources)
         if opcode == "get-tuple-element":
-            source = values[sources[0]] if sources else _EMPTY
+            source = values[sources[0]] if sources else _NONE
             index = instruction.attribute("index")
             if isinstance(source, tuple) and index and index.isdigit() and int(index) < len(source):
                 return source[int(index)]
-            return _keep(_array(source), shape.rank) if not shape.is_tuple else source
+            return self.coding.keep(_array(source), shape.rank) if not shape.is_tuple else source
         if opcode in _START or opcode in _DONE or opcode in ("async-start", "async-update"):
-            value = _EMPTY
+            value = _NONE
             for s in sources:
                 value |= _array(values[s])
             return value if not shape.is_tuple else tuple(value for _ in shape.tuple_shapes)
@@ -255,21 +353,21 @@ class _Transfer:
             # Variadic ops (reduce, sort, all-gather of several operands ...): element i from operand i.
             elements = []
             for i, leaf in enumerate(shape.tuple_shapes):
-                value = _array(values[sources[i]]) if i < len(sources) else _EMPTY
-                elements.append(_keep(value, leaf.rank) if not leaf.is_tuple else _EMPTY)
+                value = _array(values[sources[i]]) if i < len(sources) else _NONE
+                elements.append(self.coding.keep(value, leaf.rank) if not leaf.is_tuple else _NONE)
             if opcode == "reduce":
                 maps = self.dim_maps(node, instruction)
-                return tuple(_EMPTY if maps is None else self.apply(maps[0], e) for e in elements)
+                return tuple(_NONE if maps is None else self.apply(maps[0], e) for e in elements)
             return tuple(elements)
-        source = _array(values[sources[0]]) if sources else _EMPTY
+        source = _array(values[sources[0]]) if sources else _NONE
         if opcode == "gather":
             return self.gather(instruction, sources)
         if opcode in ("scatter", "dynamic-update-slice"):
-            return _keep(source, shape.rank)
+            return self.coding.keep(source, shape.rank)
         # Any other op: the operands of the same rank keep their positions.
         return self.same_rank(sources, shape.rank)
 
-    def same_rank(self, sources: tuple[int, ...], rank: int) -> Pairs:
+    def same_rank(self, sources: tuple[int, ...], rank: int) -> int:
         """The pairs of the array operands of rank ``rank``, whose dims keep their positions."""
         values = self.values
         instruction_at = self.instruction_at
@@ -283,11 +381,12 @@ class _Transfer:
                 continue
             value = _array(value)
             found = value if found is None or found == value else found | value
-        return _EMPTY if found is None else found
+        return _NONE if found is None else found
 
-    def gather(self, instruction: Instruction, sources: tuple[int, ...]) -> Pairs:
+    def gather(self, instruction: Instruction, sources: tuple[int, ...]) -> int:
+        """The indices' pairs, their index dims moved to the output's batch dims."""
         if len(sources) < 2 or sources[1] == NO_NODE:
-            return _EMPTY
+            return _NONE
         indices = self.instruction_at[sources[1]].shape
         offset_text = instruction.attribute("offset_dims")
         offset = set(parse_int_list(offset_text)) if offset_text else set()
@@ -295,11 +394,11 @@ class _Transfer:
         vector = int(vector_text) if vector_text and vector_text.lstrip("-").isdigit() else indices.rank
         batch_out = [d for d in range(instruction.shape.rank) if d not in offset]
         batch_in = [d for d in range(indices.rank) if d != vector]
-        out = set()
-        for p, d in _array(self.values[sources[1]]):
-            if d in batch_in and batch_in.index(d) < len(batch_out):
-                out.add((p, batch_out[batch_in.index(d)]))
-        return frozenset(out)
+        mapping = tuple(
+            batch_out[batch_in.index(d)] if d in batch_in and batch_in.index(d) < len(batch_out) else -1
+            for d in range(indices.rank)
+        )
+        return self.apply(mapping, _array(self.values[sources[1]]))
 
 
 def _reshape(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]) -> Pairs:

@@ -116,6 +116,23 @@ class _Judge:
         self.batch = batch
         self.data_mask = _mask(params.data)
         self.weight_mask = _mask(params.weights)
+        self._ordered: dict[int, tuple[int, ...]] = {}
+        self._shared_ints: list[int] = []
+
+    def ordered(self, bits: int) -> tuple[int, ...]:
+        """The parameter numbers of the bitset ``bits``, ascending: one shared tuple per distinct
+        bitset, of shared ints.
+
+        A gradient or a deep layer's activation derives from parameters of every layer, so the
+        roles of a module of L layers would otherwise hold about L x L new ints.
+        """
+        found = self._ordered.get(bits)
+        if found is None:
+            shared = self._shared_ints
+            if bits.bit_length() > len(shared):
+                shared.extend(range(len(shared), bits.bit_length()))
+            found = self._ordered[bits] = tuple(shared[n] for n in sorted(_numbers(bits)))
+        return found
 
     # -- facts about a value ------------------------------------------------
     def derived(self, key: NodeKey) -> frozenset[int]:
@@ -143,95 +160,99 @@ class _Judge:
         node = self.graph.id_of(operand.key)
         bits = self.graph.parameter_bits(node) if node is not None else 0
         # Parameter sets from bitsets: a gradient derives from hundreds of parameters, and only the
-        # data and weight parts (masks) are read; the whole set only where a reason needs it.
-        data = _numbers(bits & self.data_mask)
-        weights = _numbers(bits & self.weight_mask)
-        derived = _LazyNumbers(bits)
+        # data and weight parts (masks) are read; a role keeps its numbers as a shared tuple (ordered).
+        data_bits, weight_bits = bits & self.data_mask, bits & self.weight_mask
+        data = _numbers(data_bits)
+        weights = _numbers(weight_bits)
         batch_dims = self.batch.batch_dims(operand.key) if data else {}
         if facts.self_only:
-            return OperandRole("other", tuple(sorted(derived)), "every device sends only to itself: no traffic")
+            return OperandRole("other", self.ordered(bits), "every device sends only to itself: no traffic")
         if kind == "collective-broadcast":
-            return OperandRole("other", tuple(sorted(derived)), "a broadcast from one device")
+            return OperandRole("other", self.ordered(bits), "a broadcast from one device")
         if is_integer(shape.element_type):
             if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS:
-                return OperandRole("scalar-reduce", tuple(sorted(data)),
+                return OperandRole("scalar-reduce", self.ordered(data_bits),
                                    f"operand is {shape}: a count or flag")
-            return OperandRole("index-gather", tuple(sorted(data or derived)),
+            return OperandRole("index-gather", self.ordered(data_bits or bits),
                                f"operand is {shape}: integer or boolean data (indices, labels, masks)")
         if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS and not batch_dims and (
                 not data or self.gradient_target(facts, operand) is None):
-            return OperandRole("scalar-reduce", tuple(sorted(derived)),
+            return OperandRole("scalar-reduce", self.ordered(bits),
                                f"operand is {shape}, {shape.num_elements} element(s): a loss, metric or norm")
         if kind == "ragged-all-to-all":
-            return OperandRole("expert-dispatch", tuple(sorted(data)), "a ragged all-to-all routes tokens by count")
+            return OperandRole("expert-dispatch", self.ordered(data_bits), "a ragged all-to-all routes tokens by count")
         if kind == "all-to-all":
             expert = self.expert_matmul(facts, operand)
             if expert is not None:
-                return OperandRole("expert-dispatch", tuple(sorted(data or derived)),
+                return OperandRole("expert-dispatch", self.ordered(data_bits or bits),
                                    f"{expert} pairs the moved tokens with expert weights on its batch dim")
-            return OperandRole("reshard", tuple(sorted(derived)),
+            return OperandRole("reshard", self.ordered(bits),
                                "an all-to-all that moves the sharded dim of a value: a reshard")
         if kind == "collective-permute":
-            return self.permute_role(facts, operand, data, weights, derived, bool(batch_dims))
+            return self.permute_role(facts, operand, bits, bool(batch_dims))
         if kind == "all-gather":
             if facts.rematerialized:
-                return OperandRole("reshard", tuple(sorted(derived)),
+                return OperandRole("reshard", self.ordered(bits),
                                    f"gathered and sliced again by {facts.sliced_by}: a reshard between two "
                                    "shardings (involuntary full rematerialization)")
             if not data:
                 what = self.names(weights) if weights else "constants"
-                return OperandRole("weight-gather", tuple(sorted(weights)),
+                return OperandRole("weight-gather", self.ordered(weight_bits),
                                    f"operand derives only from the weights {what}")
             if batch_dims:
                 dim, param = next(iter(sorted(batch_dims.items())))
-                return OperandRole("activation-gather", tuple(sorted(data)),
+                return OperandRole("activation-gather", self.ordered(data_bits),
                                    f"operand carries dim {dim} of the batch input {self.names([param])}: an activation")
             if weights:
-                return OperandRole("weight-gather", tuple(sorted(weights)),
+                return OperandRole("weight-gather", self.ordered(weight_bits),
                                    f"operand is weight-shaped, computed from the weights {self.names(weights)} and "
                                    "the batch with its batch dim reduced (an updated weight or a gradient)")
-            return OperandRole("activation-gather", tuple(sorted(data)),
+            return OperandRole("activation-gather", self.ordered(data_bits),
                                f"operand derives from the data {self.names(data)}")
         if kind in _REDUCING:
             if not data:
-                return OperandRole("other", tuple(sorted(weights)),
+                return OperandRole("other", self.ordered(weight_bits),
                                    f"a reduction of values derived from the weights {self.names(weights)} only")
             if batch_dims:
                 dim, param = next(iter(sorted(batch_dims.items())))
-                return OperandRole("activation-reduce", tuple(sorted(data)),
+                return OperandRole("activation-reduce", self.ordered(data_bits),
                                    f"operand carries dim {dim} of the batch input {self.names([param])}: partial "
                                    "sums of an activation (tensor parallelism)")
             target = self.gradient_target(facts, operand)
             source = self.contracting_dot(operand.key)
             by = f" (by {source})" if source else ""
             of = f": the gradient of {self.names([target])}" if target is not None else ": a weight gradient"
-            return OperandRole("gradient-reduce", (target,) if target is not None else tuple(sorted(data)),
+            return OperandRole("gradient-reduce", (target,) if target is not None else self.ordered(data_bits),
                                f"operand derives from the batch {self.names(data)} with its batch dim "
                                f"contracted{by}{of}")
-        return OperandRole("other", tuple(sorted(derived)), f"a {kind}")
+        return OperandRole("other", self.ordered(bits), f"a {kind}")
 
-    def permute_role(self, facts: CollectiveFacts, operand: OperandFacts, data: frozenset[int],
-                     weights: frozenset[int], derived: _LazyNumbers, batch_dims: bool) -> OperandRole:
-        """A collective-permute: a ring (a gather or reduction in pieces), a pipeline send or a reshard."""
+    def permute_role(self, facts: CollectiveFacts, operand: OperandFacts, bits: int, batch_dims: bool) -> OperandRole:
+        """A collective-permute: a ring (a gather or reduction in pieces), a pipeline send or a reshard.
+
+        ``bits``: the entry parameters the operand derives from, as a bitset.
+        """
+        data_bits, weight_bits = bits & self.data_mask, bits & self.weight_mask
+        data = _numbers(data_bits)
         if _is_ring(facts.op.logical_groups) and len(facts.op.mesh_axes or ()) == 1:
             # every device passes its block on around a cycle: a gather in pieces (XLA's windowed
             # einsum / collective matmul), of a weight or of an activation
             if not data:
-                return OperandRole("weight-gather", tuple(sorted(weights)),
-                                   f"a ring rotation of the weights {self.names(weights)}: a gather in pieces")
+                return OperandRole("weight-gather", self.ordered(weight_bits),
+                                   f"a ring rotation of the weights {self.names(_numbers(weight_bits))}: a gather in pieces")
             if batch_dims:
-                return OperandRole("activation-gather", tuple(sorted(data)),
+                return OperandRole("activation-gather", self.ordered(data_bits),
                                    "a ring rotation of data that carries the batch: an activation gathered in "
                                    "pieces (a windowed einsum / collective matmul)")
-            return OperandRole("gradient-reduce", tuple(sorted(data)),
+            return OperandRole("gradient-reduce", self.ordered(data_bits),
                                "a ring rotation of partial sums over the batch (its batch dim contracted): a "
                                "gradient reduce-scattered in pieces (a windowed einsum)")
         stage = self.pipeline_stage(facts, operand) if data else None
         if stage is not None:
-            return OperandRole("pipeline-send", tuple(sorted(data)),
+            return OperandRole("pipeline-send", self.ordered(data_bits),
                                f"the output of {stage} is sent to the next device and carried into the "
                                "next loop iteration: a pipeline stage's activation")
-        return OperandRole("reshard", tuple(sorted(derived)),
+        return OperandRole("reshard", self.ordered(bits),
                            "a collective-permute that moves a value between devices: a reshard")
 
     # -- neighbourhoods -------------------------------------------------------
@@ -381,24 +402,6 @@ def _numbers(bits: int) -> frozenset[int]:
         found.append(low.bit_length() - 1)
         bits ^= low
     return frozenset(found)
-
-
-class _LazyNumbers:
-    """A parameter set read from its bitset only when iterated (sorted, for reasons)."""
-
-    __slots__ = ("_bits",)
-
-    def __init__(self, bits: int) -> None:
-        self._bits = bits
-
-    def __iter__(self):  # noqa: ANN204
-        return iter(_numbers(self._bits))
-
-    def __len__(self) -> int:
-        return self._bits.bit_count()
-
-    def __bool__(self) -> bool:
-        return bool(self._bits)
 
 
 def _is_ring(pairs: tuple[tuple[int, ...], ...]) -> bool:
