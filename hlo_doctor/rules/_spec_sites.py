@@ -168,42 +168,45 @@ def _written_spec(node: ast.expr) -> Spec | None:
     return None
 
 
+def _possible_values(tree: ast.Module, node: ast.expr, line: int, hops: int, variable: str | None = None,
+                     ) -> Iterator[tuple[int, ast.expr, str | None, int]]:
+    """What ``node`` may evaluate to: followed through names (their latest assignment before
+    ``line``) and both branches of conditionals, each with the line it is written on, the last
+    name it was read through and the hops used (at most ``_MAX_HOPS``)."""
+    if hops > _MAX_HOPS:
+        return
+    if isinstance(node, ast.IfExp):
+        yield from _possible_values(tree, node.body, line, hops + 1, variable)
+        yield from _possible_values(tree, node.orelse, line, hops + 1, variable)
+    elif isinstance(node, ast.Name):
+        value = _latest_assignment(tree, node.id, line)
+        if value is not None:
+            yield from _possible_values(tree, value[1], value[0], hops + 1, node.id)
+    else:
+        yield line, node, variable, hops
+
+
 def _spec_literals(tree: ast.Module, node: ast.expr, line: int, hops: int) -> Iterator[ast.expr]:
     """The P(...) calls (or torch_xla spec tuples) ``node`` may evaluate to, following names to
     their latest assignment."""
-    if hops > _MAX_HOPS:
-        return
-    if isinstance(node, ast.Call) and call_name(node) in _SPEC_CALLS or isinstance(node, ast.Tuple):
-        yield node
-    elif isinstance(node, ast.Call) and call_name(node) == "NamedSharding" and len(node.args) >= 2:
-        yield from _spec_literals(tree, node.args[1], line, hops + 1)
-    elif isinstance(node, ast.IfExp):
-        yield from _spec_literals(tree, node.body, line, hops + 1)
-        yield from _spec_literals(tree, node.orelse, line, hops + 1)
-    elif isinstance(node, ast.Name):
-        value = _latest_assignment(tree, node.id, line)
-        if value is not None:
-            yield from _spec_literals(tree, value[1], value[0], hops + 1)
-    elif isinstance(node, ast.Subscript):  # specs[kind], layouts[i % 2]: any of the container's entries
-        for entry_line, entry in _container_entries(tree, node.value, line, hops + 1):
-            yield from _spec_literals(tree, entry, entry_line, hops + 1)
+    for value_line, value, _, used in _possible_values(tree, node, line, hops):
+        if isinstance(value, ast.Call) and call_name(value) in _SPEC_CALLS or isinstance(value, ast.Tuple):
+            yield value
+        elif isinstance(value, ast.Call) and call_name(value) == "NamedSharding" and len(value.args) >= 2:
+            yield from _spec_literals(tree, value.args[1], value_line, used + 1)
+        elif isinstance(value, ast.Subscript):  # specs[kind], layouts[i % 2]: any of the container's entries
+            for entry_line, entry, _, _ in _possible_values(tree, value.value, value_line, used + 1):
+                for item in _container_entries(entry):
+                    yield from _spec_literals(tree, item, entry_line, used + 1)
 
 
-def _container_entries(tree: ast.Module, node: ast.expr, line: int, hops: int) -> Iterator[tuple[int, ast.expr]]:
-    """The values of the dict / list / tuple literal ``node`` is (through names and conditionals)."""
-    if hops > _MAX_HOPS:
-        return
+def _container_entries(node: ast.expr) -> list[ast.expr]:
+    """The values of a dict / list / tuple literal (none for anything else)."""
     if isinstance(node, ast.Dict):
-        yield from ((line, v) for v in node.values)
-    elif isinstance(node, (ast.List, ast.Tuple)):
-        yield from ((line, e) for e in node.elts if not isinstance(e, ast.Starred))
-    elif isinstance(node, ast.IfExp):
-        yield from _container_entries(tree, node.body, line, hops + 1)
-        yield from _container_entries(tree, node.orelse, line, hops + 1)
-    elif isinstance(node, ast.Name):
-        value = _latest_assignment(tree, node.id, line)
-        if value is not None:
-            yield from _container_entries(tree, value[1], value[0], hops + 1)
+        return [v for v in node.values if v is not None]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [e for e in node.elts if not isinstance(e, ast.Starred)]
+    return []
 
 
 # -- one dim's axes, written once and read by several specs -------------------------------
@@ -238,7 +241,7 @@ def _unique_axes(tree: ast.Module, node: ast.expr, line: int, dim: int, old_axes
     for spec in _spec_literals(tree, node, line, 0):
         entries = spec.args if isinstance(spec, ast.Call) else spec.elts  # type: ignore[attr-defined]
         if dim < len(entries) and not any(isinstance(e, ast.Starred) for e in entries[:dim + 1]):
-            for literal, variable in _axes_literals(tree, entries[dim], spec.lineno, None, 0):
+            for literal, variable in _axes_literals(tree, entries[dim], spec.lineno):
                 if _axes_of(literal) == tuple(old_axes):
                     found[(literal.lineno, literal.col_offset)] = (literal, variable)
     if len(found) != 1 or path is None:
@@ -252,21 +255,12 @@ def _unique_axes(tree: ast.Module, node: ast.expr, line: int, dim: int, old_axes
                     tuple(old_axes), variable, lines[literal.lineno - 1] if literal.lineno <= len(lines) else "")
 
 
-def _axes_literals(tree: ast.Module, node: ast.expr, line: int, variable: str | None,
-                   hops: int) -> Iterator[tuple[ast.expr, str | None]]:
+def _axes_literals(tree: ast.Module, node: ast.expr, line: int) -> Iterator[tuple[ast.expr, str | None]]:
     """The string / tuple-of-strings literals a spec entry may evaluate to, with the last name
     they were read through."""
-    if hops > _MAX_HOPS:
-        return
-    if _axes_of(node) is not None:
-        yield node, variable
-    elif isinstance(node, ast.IfExp):
-        yield from _axes_literals(tree, node.body, line, variable, hops + 1)
-        yield from _axes_literals(tree, node.orelse, line, variable, hops + 1)
-    elif isinstance(node, ast.Name):
-        value = _latest_assignment(tree, node.id, line)
-        if value is not None:
-            yield from _axes_literals(tree, value[1], value[0], node.id, hops + 1)
+    for _, value, variable, _ in _possible_values(tree, node, line, 0):
+        if _axes_of(value) is not None:
+            yield value, variable
 
 
 def _axes_of(node: ast.expr) -> tuple[str, ...] | None:
