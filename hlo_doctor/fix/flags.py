@@ -16,7 +16,10 @@ import libcst as cst
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.fix.locate import CannotEdit, Source
 
-__all__ = ["xla_flag"]
+__all__ = ["SET_OUTSIDE", "xla_flag"]
+
+SET_OUTSIDE = "is set outside the program"
+"""The refusal of a flag the source does not write (``fix --verify`` recompiles without it instead)."""
 
 
 def _flag_pattern(flag: str) -> re.Pattern[str]:
@@ -39,7 +42,7 @@ def xla_flag(source: Source, edit: SourceEdit) -> tuple[str, str]:
         raise CannotEdit(f"{name} is written in {source.path} in a way that cannot be edited safely "
                          "(not in a plain string literal): remove it by hand")
     if not hits:
-        raise CannotEdit(f"{flag.split('=', 1)[0]} is set outside the program: remove it from your "
+        raise CannotEdit(f"{flag.split('=', 1)[0]} {SET_OUTSIDE}: remove it from your "
                          "environment (XLA_FLAGS) or your launcher")
     if len(hits) > 1:
         raise CannotEdit(f"{flag.split('=', 1)[0]} is written {len(hits)} times in {source.path}: "

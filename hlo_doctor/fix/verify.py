@@ -42,6 +42,7 @@ from hlo_doctor.dump import load_dump
 from hlo_doctor.files import write_atomically
 from hlo_doctor.findings import Finding, Report, Severity
 from hlo_doctor.fingerprint import module_family
+from hlo_doctor.fix.flags import SET_OUTSIDE
 from hlo_doctor.gate.matching import FindingOutcome, LineMap, match_findings
 from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
@@ -266,7 +267,7 @@ def _environment_changes(plan: Any, xla_flags: str) -> tuple[EnvironmentChange, 
         suggestion = refusal.finding.suggestion
         names = [str(e.details.get("flag") or "").split("=", 1)[0]
                  for e in (suggestion.edits if suggestion else ()) if e.kind == "xla-flag"]
-        if names and all(n in written for n in names) and "set outside the program" in refusal.reason:
+        if names and all(n in written for n in names) and SET_OUTSIDE in refusal.reason:
             changes.extend(EnvironmentChange(refusal.finding, written[n]) for n in names)
         else:
             kept.append(refusal)
