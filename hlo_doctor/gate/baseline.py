@@ -22,6 +22,7 @@ from hlo_doctor.errors import InputError
 from hlo_doctor.files import write_atomically
 from hlo_doctor.findings import Finding
 from hlo_doctor.fingerprint import module_family, occurrence_fingerprints
+from hlo_doctor.gate.matching import op_signature
 
 BASELINE_VERSION = 1
 
@@ -60,7 +61,7 @@ def write_baseline(findings: Sequence[Finding], path: str | Path) -> int:
                 "instruction": finding.instruction,
                 "source": source,
                 "message": finding.message,
-                "op": _op_of(finding),
+                "op": op_signature(finding),
             }
         )
     document = {"schema_version": BASELINE_VERSION, "tool": {"name": "hlo-doctor", "version": __version__},
@@ -116,7 +117,7 @@ def apply_baseline(findings: Sequence[Finding], baseline: Sequence[BaselineEntry
         if entry.fingerprint not in matched and entry.op:
             by_op.setdefault((entry.rule, module_family(entry.module), entry.op), []).append(entry)
     for index, finding in enumerate(findings):
-        op = _op_of(finding)
+        op = op_signature(finding)
         candidates = by_op.get((finding.rule, module_family(finding.module), op)) if op else None
         if index not in accepted_ids and candidates:
             accepted_ids.add(index)
@@ -125,12 +126,3 @@ def apply_baseline(findings: Sequence[Finding], baseline: Sequence[BaselineEntry
     accepted = tuple(f for i, f in enumerate(findings) if i in accepted_ids)
     fixed = tuple(entry for entry in baseline if entry.fingerprint not in matched)
     return BaselineResult(new, accepted, fixed)
-
-
-def _op_of(finding: Finding) -> str | None:
-    """The op part of the finding's signature (``op_name | opcode | shape | sharding``), or None."""
-    signature = finding.signature or ""
-    if "\n" not in signature:
-        return None
-    op = signature.split("\n", 1)[1]
-    return op if "|" in op else None

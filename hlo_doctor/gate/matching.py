@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hlo_doctor.findings import Finding
 from hlo_doctor.fingerprint import module_family
 
-__all__ = ["FindingOutcome", "LineMap", "match_findings"]
+__all__ = ["FindingOutcome", "LineMap", "match_findings", "op_signature"]
 
 
 class LineMap:
@@ -67,6 +67,15 @@ def _op_part(finding: Finding) -> str:
     if finding.signature is not None and "\n" in finding.signature:
         return finding.signature.split("\n", 1)[1]
     return finding.op_name or ""
+
+
+def op_signature(finding: Finding) -> str | None:
+    """The op part of the finding's signature (``op_name | opcode | shape | sharding``), or None
+    when it has none: what the ``op`` tier matches a finding with a source line by."""
+    if finding.signature is None or "\n" not in finding.signature:
+        return None
+    op = finding.signature.split("\n", 1)[1]
+    return op if "|" in op else None
 
 
 def _moved_source_key(finding: Finding, maps: Mapping[str, tuple[str, LineMap]]) -> str:
