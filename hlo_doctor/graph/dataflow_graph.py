@@ -87,11 +87,24 @@ class IdRows:
     def __len__(self) -> int:
         return len(self._starts) - 1
 
+    @property
+    def arrays(self) -> tuple[array[int], array[int]]:
+        """The flat ids and the row starts: row ``i`` is ``flat[starts[i]:starts[i + 1]]`` (for
+        loops that walk many rows and need no tuple of each)."""
+        return self._flat, self._starts
+
     def __getitem__(self, node: int) -> tuple[int, ...]:
         starts = self._starts
         if node < 0:
             node += len(starts) - 1
-        return tuple(self._flat[starts[node] : starts[node + 1]])
+        start = starts[node]
+        count = starts[node + 1] - start
+        if count == 1:  # most rows are one or two ids: index them, no slice array in between
+            return (self._flat[start],)
+        if count == 2:
+            flat = self._flat
+            return (flat[start], flat[start + 1])
+        return tuple(self._flat[start : start + count])
 
     def __iter__(self) -> Iterator[tuple[int, ...]]:
         flat, starts = self._flat, self._starts
@@ -202,6 +215,12 @@ class DataflowGraph:
         if not extra:
             return list(self.user_ids[node])
         return [*self.user_ids[node], *(target for target, _ in extra)]
+
+    @cached_property
+    def ranks(self) -> array[int]:
+        """Node id -> the rank of its value, -1 for a tuple (4 bytes a node: the propagations ask
+        it of every operand they read, and a shape's ``rank`` is a property call)."""
+        return array("i", [-1 if i.shape.element_type == "tuple" else len(i.shape.dims) for i in self.instruction_at])
 
     @cached_property
     def dataflow_order(self) -> list[int]:

@@ -35,8 +35,12 @@ class DimRole:
     output_dim: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DotDims:
+    """The dims of a dot's operands by role. One object per distinct dot kind (``dot_dims``
+    caches them), compared and hashed by identity: a dim map cached by it must not hash its
+    roles over again for every dot."""
+
     lhs_batch: tuple[int, ...]
     rhs_batch: tuple[int, ...]
     lhs_contracting: tuple[int, ...]

@@ -28,6 +28,7 @@ from hlo_doctor.hlo.ir import (
     Shape,
     StackFrameTables,
     called_computation_names,
+    new_instruction,
 )
 from hlo_doctor.hlo.lexer import NAME, SPACE_MATCH, unescape
 from hlo_doctor.hlo.opcodes import OPCODE_STRINGS, OPCODES
@@ -45,7 +46,7 @@ class Parser(AsyncSugarReader):
         super().__init__(text, path)
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
-        self.origin = ModuleText(text, path, split_attributes)
+        self.origin = ModuleText(text, path, split_attributes, scan_attribute)
         self._line = 1
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
@@ -293,9 +294,7 @@ class Parser(AsyncSugarReader):
             else:
                 operands = ()
             is_root = root is not None
-            instruction = Instruction(
-                name, opcode, shape, operands, pos, origin, is_root, raw_attributes, None, None, literal
-            )
+            instruction = new_instruction(name, opcode, shape, operands, pos, origin, is_root, raw_attributes, literal)
             instructions.append(instruction)
             by_name[name] = instruction
             if is_root:
@@ -481,8 +480,16 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     attributes, odd spacing) goes through the general attribute scanner.
     Raises ParseError (at offsets within ``text``) when the text is malformed.
     """
-    if fast_path.ATTRIBUTE_LIST.fullmatch(text):
-        return tuple(fast_path.ATTRIBUTE.findall(text))
+    pairs = []
+    position = 0
+    for match in fast_path.ATTRIBUTE.finditer(text):  # one pass: the matches must tile the text
+        if match.start() != position:
+            break
+        pairs.append(match.groups())
+        position = match.end()
+    else:
+        if position == len(text) or not text[position:].strip(" \t\r"):
+            return tuple(pairs)
     parser = Parser(text, path)
     attributes = parser.parse_attributes(_Scope(), owner="")
     if parser.skip_space() != len(text):
@@ -490,8 +497,33 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     return tuple(attributes)
 
 
+def scan_attribute(text: str, key: str) -> tuple[bool, str | None]:
+    """Attribute ``key`` of the raw ``, key=value, ...`` text of one instruction line, read from
+    the start and no further than that attribute: ``(True, value)``, ``(True, None)`` when the
+    whole text is read and has no ``key``, ``(False, None)`` when the text is not in the common
+    form up to there (then :func:`split_attributes` reads it all, as it would have).
+
+    The value must end where the next attribute's ``,`` starts, or at the end of the text: so it
+    is what splitting the whole text gives. A line's first attributes are the ones asked for
+    most (``sharding``, ``dimensions``, ``replica_groups``; ``metadata`` comes late), and its
+    long ``metadata`` string is then never scanned.
+    """
+    match = fast_path.ATTRIBUTE.match
+    position, end = 0, len(text)
+    while position < end:
+        found = match(text, position)
+        if found is None:
+            return False, None
+        position = found.end()
+        if found.group(1) == key:
+            if position == end or text[position] == ",":
+                return True, found.group(2)
+            return False, None
+    return True, None
+
+
 _ENTRY_HEADER = re.compile(r"^ENTRY[ \t]", re.M)
-_PARAMETER_LINE = re.compile(r"^[ \t]*%?[\w.\-]+[ \t]*=[^\n]*? parameter\(\d+\)[^\n]*", re.M)
+_PARAMETER_LINE = re.compile(r"[ \t]*%?[\w.\-]+[ \t]*=[^\n]*? parameter\(\d+\)[^\n]*")
 
 
 def parse_entry_parameters(text: str, *, path: str | None = None) -> list[Instruction] | None:
@@ -502,8 +534,19 @@ def parse_entry_parameters(text: str, *, path: str | None = None) -> list[Instru
     header = _ENTRY_HEADER.search(text)
     if header is None:
         return None
-    end = text.find("\n}", header.start())
-    lines = _PARAMETER_LINE.findall(text, header.start(), end if end != -1 else len(text))
+    start = header.start()
+    end = text.find("\n}", start)
+    end = end if end != -1 else len(text)
+    lines = []
+    at = text.find(" parameter(", start, end)
+    while at != -1:  # str.find jumps to the few candidate lines; the regex judges each whole line
+        line_start = max(text.rfind("\n", start, at) + 1, start)
+        line_end = text.find("\n", at, end)
+        line_end = line_end if line_end != -1 else end
+        line = text[line_start:line_end]
+        if _PARAMETER_LINE.match(line):
+            lines.append(line)
+        at = text.find(" parameter(", line_end, end)
     first_line = text[: text.find("\n")] if "\n" in text else text
     module = parse_module(first_line + "\n\nENTRY %entry {\n" + "\n".join(lines) + "\n}\n", path=path)
     entry = module.entry

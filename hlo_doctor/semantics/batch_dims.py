@@ -44,6 +44,7 @@ from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _DOTS, _res
     PairBits,
     Pairs,
     PairValues,
+    _indices,
     _Propagation,
     _reshape,
     roles_map,
@@ -245,8 +246,13 @@ def _follow_batch(
 
 
 def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], candidates: set[int]) -> set[int]:
+    """The candidates whose pairs reach a dot's lhs on a free or batch dim while the rhs does not
+    derive from them. Read from the bits (one block of parameters per dim), not from decoded sets
+    of pairs: a deep activation carries pairs of the data inputs of every layer before it."""
     found: set[int] = set()
     instruction_at = graph.instruction_at
+    coding, bits = values.coding, values.bits
+    numbers = coding.numbers
     for node in touched:
         if len(found) == len(candidates):
             break
@@ -256,16 +262,19 @@ def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], 
         lhs, rhs = graph.operand_ids[node][:2]
         if NO_NODE in (lhs, rhs):
             continue
-        lhs_value = values[lhs]
-        if not isinstance(lhs_value, frozenset) or not lhs_value:
+        lhs_bits = bits[lhs]
+        if lhs_bits.__class__ is not int or not lhs_bits:  # a tuple, or no pairs
             continue
         try:
             roles = dot_dims(instruction, instruction_at[lhs].shape.rank, instruction_at[rhs].shape.rank)
         except (ValueError, KeyError, IndexError):
             continue
-        for param, dim in lhs_value:
-            if param in found or param not in candidates or dim >= len(roles.roles[0]):
+        lhs_roles = roles.roles[0]
+        for dim, block in coding.blocks(lhs_bits):
+            if dim >= len(lhs_roles) or lhs_roles[dim].role not in ("free", "batch"):
                 continue
-            if roles.role(0, dim).role in ("free", "batch") and not graph.parameter_bits(rhs) >> param & 1:
-                found.add(param)
+            for index in _indices(block):
+                param = numbers[index]
+                if param not in found and param in candidates and not graph.parameter_bits(rhs) >> param & 1:
+                    found.add(param)
     return found

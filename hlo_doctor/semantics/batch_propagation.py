@@ -191,10 +191,11 @@ class _Propagation:
         transfer.values = values
         transfer.coding = coding
         interned: dict[int, int] = {}
+        shared = interned.setdefault
 
         def intern(value):  # bits, or a tuple of values: one object per distinct bits
             if value.__class__ is int:
-                return interned.setdefault(value, value)
+                return shared(value, value)
             return tuple(intern(element) for element in value)
 
         def compute(node: int) -> object:
@@ -203,7 +204,8 @@ class _Propagation:
             instruction = instruction_at[node]
             if not through_dots and instruction.opcode in _DOTS:
                 return _NONE
-            return intern(transfer(node, instruction))
+            value = transfer(node, instruction)
+            return shared(value, value) if value.__class__ is int else intern(value)
 
         touched = propagate_forward(graph, compute, values, seeds)
         return PairValues(values, coding), touched
@@ -259,6 +261,7 @@ class _Transfer:
         self.entry_ids = entry_ids
         self.operand_ids = graph.operand_ids
         self.instruction_at = graph.instruction_at
+        self.ranks = graph.ranks
         self.calls_into = graph.calls_into
         # Per node, how its operand's dims map to its own (see _dim_map), made once and
         # kept across runs.
@@ -313,11 +316,22 @@ class _Transfer:
         opcode = instruction.opcode
         values = self.values
         sources = self.operand_ids[node]
+        if opcode in _SIMPLE:
+            rank = self.ranks[node]
+            if rank >= 0:
+                # The commonest ops first (elementwise, converts, copies, collectives, slices,
+                # pads, concatenates, selects), as any other op at the end: same_rank, inline.
+                ranks = self.ranks
+                found = None
+                for source in sources:
+                    value = values[source]  # NO_NODE's slot is always empty
+                    if not value or ranks[source] != rank:
+                        continue
+                    if value.__class__ is not int:
+                        value = _flatten(value)
+                    found = value if found is None or found == value else found | value
+                return _NONE if found is None else found
         shape = instruction.shape
-        if opcode in _SIMPLE and not shape.is_tuple:
-            # The commonest ops first (elementwise, converts, copies, collectives,
-            # slices, pads, concatenates, selects), as any other op at the end.
-            return self.same_rank(sources, shape.rank)
         if opcode in _DOTS:
             maps = self.dim_maps(node, instruction)
             if maps is None:
@@ -370,14 +384,11 @@ class _Transfer:
     def same_rank(self, sources: tuple[int, ...], rank: int) -> int:
         """The pairs of the array operands of rank ``rank``, whose dims keep their positions."""
         values = self.values
-        instruction_at = self.instruction_at
+        ranks = self.ranks
         found = None
         for source in sources:
-            value = values[source]
-            if not value or source == NO_NODE:
-                continue
-            operand_shape = instruction_at[source].shape
-            if operand_shape.is_tuple or operand_shape.rank != rank:
+            value = values[source]  # NO_NODE's slot is always empty
+            if not value or ranks[source] != rank:
                 continue
             value = _array(value)
             found = value if found is None or found == value else found | value

@@ -131,7 +131,7 @@ class _Judge:
             shared = self._shared_ints
             if bits.bit_length() > len(shared):
                 shared.extend(range(len(shared), bits.bit_length()))
-            found = self._ordered[bits] = tuple(shared[n] for n in sorted(_numbers(bits)))
+            found = self._ordered[bits] = tuple(shared[n] for n in _ascending(bits))
         return found
 
     # -- facts about a value ------------------------------------------------
@@ -162,8 +162,8 @@ class _Judge:
         # Parameter sets from bitsets: a gradient derives from hundreds of parameters, and only the
         # data and weight parts (masks) are read; a role keeps its numbers as a shared tuple (ordered).
         data_bits, weight_bits = bits & self.data_mask, bits & self.weight_mask
-        data = _numbers(data_bits)
-        weights = _numbers(weight_bits)
+        data = self.ordered(data_bits)
+        weights = self.ordered(weight_bits)
         batch_dims = self.batch.batch_dims(operand.key) if data else {}
         if facts.self_only:
             return OperandRole("other", self.ordered(bits), "every device sends only to itself: no traffic")
@@ -396,12 +396,21 @@ def _mask(numbers) -> int:  # noqa: ANN001
 
 def _numbers(bits: int) -> frozenset[int]:
     """The set bit positions of ``bits``."""
+    return frozenset(_ascending(bits))
+
+
+def _ascending(bits: int) -> list[int]:
+    """The set bit positions of ``bits``, ascending (one scan of its binary digits, not a big-int
+    operation per bit: a gradient's bitset has hundreds of bits)."""
+    digits = bin(bits)
+    top = len(digits) - 1
     found = []
-    while bits:
-        low = bits & -bits
-        found.append(low.bit_length() - 1)
-        bits ^= low
-    return frozenset(found)
+    index = digits.find("1", 2)
+    while index != -1:
+        found.append(top - index)
+        index = digits.find("1", index + 1)
+    found.reverse()
+    return found
 
 
 def _is_ring(pairs: tuple[tuple[int, ...], ...]) -> bool:
