@@ -64,8 +64,6 @@ def _ints(text: str | None) -> tuple[int, ...]:
     return tuple(parse_int_list(text)) if text else ()
 
 
-_DOT_KEYS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")
-
 
 def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     """Roles of a ``dot``/``convolution``'s operand dims (ranks of the two operands)."""
@@ -73,9 +71,11 @@ def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
         return _convolution_dims(instruction, lhs_rank, rhs_rank)
     if instruction.opcode != "dot":
         raise OpKindError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
-    texts = {key: value for key, value in instruction.attributes if key in _DOT_KEYS}
-    return _dot_dims(texts.get("lhs_batch_dims"), texts.get("rhs_batch_dims"), texts.get("lhs_contracting_dims"),
-                     texts.get("rhs_contracting_dims"), lhs_rank, rhs_rank)
+    # Four reads of the line's first attributes (XLA prints a dot's dims before its metadata),
+    # not a split of the whole line: the analyses ask this of every dot, in every pass.
+    attribute = instruction.attribute
+    return _dot_dims(attribute("lhs_batch_dims"), attribute("rhs_batch_dims"), attribute("lhs_contracting_dims"),
+                     attribute("rhs_contracting_dims"), lhs_rank, rhs_rank)
 
 
 # Cached by the four dims attributes as written and the two ranks: a big module has
