@@ -75,7 +75,7 @@ from hlo_doctor.graph.dataflow_graph import (
     NodeInfo,
     NodeKey,
 )
-from hlo_doctor.graph.dataflow_propagate import _CALLERS, dataflow_order, propagate_forward
+from hlo_doctor.graph.dataflow_propagate import _CALLERS, bitset_interner, dataflow_order, propagate_forward
 
 __all__ = [
     "NO_NODE",
@@ -84,6 +84,7 @@ __all__ = [
     "DataflowGraph",
     "NodeInfo",
     "NodeKey",
+    "bitset_interner",
     "build_graph",
     "dataflow_order",
     "propagate_forward",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow_graph import DataflowGraph
 
 
-__all__ = ["dataflow_order", "propagate_forward"]
+__all__ = ["bitset_interner", "dataflow_order", "propagate_forward"]
 
 # Opcodes whose called computations exchange values with the caller.
 _CALLERS = frozenset(
@@ -49,6 +49,34 @@ def _join(a, b):
     if b == 0:
         return a
     return _flatten(a) | _flatten(b)
+
+
+def bitset_interner() -> Callable[[object], object]:
+    """A function that gives one object per distinct int bitset (and tuples of them, element
+    by element), so that a list of values by node holds each distinct bitset once.
+
+    A value that already is the shared object (most are: an elementwise op passes its
+    operand's value on) is known by its id, without hashing it: a bitset over the parameters of
+    a big module is thousands of bits wide, and hashing it for every node made the
+    propagations grow with nodes x parameters. The shared objects stay alive in the table, so
+    no other object can have their ids.
+    """
+    by_value: dict[int, int] = {}
+    ids: set[int] = set()
+    shared = by_value.setdefault
+    known = ids.__contains__
+    remember = ids.add
+
+    def intern(value):  # noqa: ANN001, ANN202 - an int bitset, or a tuple of values
+        if value.__class__ is int:
+            if known(id(value)):
+                return value
+            found = shared(value, value)
+            remember(id(found))
+            return found
+        return tuple(intern(element) for element in value)
+
+    return intern
 
 
 def _bits_to_indices(bits: int) -> Iterator[int]:
@@ -186,12 +214,7 @@ def _propagate(graph: DataflowGraph) -> list:
     # One int object per distinct bitset: in a deep network most values derive from the same
     # hundreds of parameters (a gradient from every later layer's weights), and a new int of
     # as many bits per node would make the list grow with nodes x parameters.
-    interned: dict[int, int] = {}
-
-    def intern(value):  # an int bitset, or a tuple of values
-        if value.__class__ is int:
-            return interned.setdefault(value, value)
-        return tuple(intern(element) for element in value)
+    intern = bitset_interner()
 
     def transfer(node: int):
         instruction: Instruction = instruction_at[node]

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import lru_cache
 
-from hlo_doctor.graph.dataflow import NO_NODE, PARAM_KINDS, ROOT_KINDS, DataflowGraph, propagate_forward
+from hlo_doctor.graph.dataflow import (
+    NO_NODE,
+    PARAM_KINDS,
+    ROOT_KINDS,
+    DataflowGraph,
+    bitset_interner,
+    propagate_forward,
+)
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.hlo.attributes import parse_int_list
 from hlo_doctor.hlo.ir import Instruction, Shape
@@ -190,13 +197,7 @@ class _Propagation:
         transfer = self.transfer
         transfer.values = values
         transfer.coding = coding
-        interned: dict[int, int] = {}
-        shared = interned.setdefault
-
-        def intern(value):  # bits, or a tuple of values: one object per distinct bits
-            if value.__class__ is int:
-                return shared(value, value)
-            return tuple(intern(element) for element in value)
+        intern = bitset_interner()  # bits, or a tuple of values: one object per distinct bits
 
         def compute(node: int) -> object:
             if node in seed_bits:
@@ -204,8 +205,7 @@ class _Propagation:
             instruction = instruction_at[node]
             if not through_dots and instruction.opcode in _DOTS:
                 return _NONE
-            value = transfer(node, instruction)
-            return shared(value, value) if value.__class__ is int else intern(value)
+            return intern(transfer(node, instruction))
 
         touched = propagate_forward(graph, compute, values, seeds)
         return PairValues(values, coding), touched
