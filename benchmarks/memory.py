@@ -3,8 +3,9 @@
     python benchmarks/memory.py --real DUMP [--data DIR] [--cases llama4,simple300]
 
 ``llama4``: a dump of four modules, each a copy of the real train step in
-``DUMP`` (``make_big_module.py --layers 520`` makes one of about 131 MB of
-HLO snapshots; see ``synthetic.py copies``). ``simple300``: one module of
+``DUMP`` (``make_big_module.py --layers 520 --fast-backend`` writes its three
+pre-optimization snapshots, 72.7 MB, within a minute or two; its CPU backend
+compile takes far longer and may be stopped then; see ``synthetic.py copies``). ``simple300``: one module of
 about 300 MB of simple instructions (``synthetic.py simple``).
 
 Each measurement runs in a fresh child process; peak RSS is the child's

@@ -480,12 +480,12 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     attributes, odd spacing) goes through the general attribute scanner.
     Raises ParseError (at offsets within ``text``) when the text is malformed.
     """
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     position = 0
     for match in fast_path.ATTRIBUTE.finditer(text):  # one pass: the matches must tile the text
         if match.start() != position:
             break
-        pairs.append(match.groups())
+        pairs.append((match.group(1), match.group(2)))
         position = match.end()
     else:
         if position == len(text) or not text[position:].strip(" \t\r"):

@@ -1,0 +1,95 @@
+"""The shortcuts the analyses take for speed give what the long way gives.
+
+The attribute texts here are written by hand (each says what it exercises); the
+corpus conformance test holds the parser as a whole to XLA's view.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hlo_doctor.graph.dataflow import bitset_interner
+from hlo_doctor.hlo import parse_module
+from hlo_doctor.hlo.ir import Instruction, new_instruction
+from hlo_doctor.hlo.parser import scan_attribute, split_attributes
+from hlo_doctor.semantics.roles import _ascending, _numbers
+
+ATTRIBUTE_TEXTS = [
+    # the common form: sharding first, metadata last
+    ', sharding={devices=[4,2]<=[8]}, metadata={op_name="jit(f)/dot" source_file="m.py" source_line=3}',
+    # a key that also appears inside a later value
+    ', dimensions={0}, frontend_attributes={sharding="x",dimensions="y"}',
+    # a key inside a string before the real one
+    ', metadata={op_name="sharding=bad"}, sharding={replicated}',
+    # a comment between attributes: not the common form, so the whole text is split
+    ', dimensions={1} /*c*/, sharding={maximal device=0}',
+    # odd spacing
+    ',dimensions={1},  sharding={replicated}',
+    # a value the fast regex cannot delimit: more text follows the bare token
+    ', custom_call_target="foo", backend_config="{}", dimensions={0,1}',
+    # nothing
+    '',
+]
+KEYS = ["sharding", "dimensions", "metadata", "frontend_attributes", "custom_call_target", "absent"]
+
+
+@pytest.mark.parametrize("text", ATTRIBUTE_TEXTS)
+@pytest.mark.parametrize("key", KEYS)
+def test_scan_attribute_agrees_with_the_whole_split(text: str, key: str) -> None:
+    expected = dict(reversed(split_attributes(text))).get(key)  # the first occurrence wins
+    known, value = scan_attribute(text, key)
+    if known:
+        assert value == expected
+    # else: the caller splits the whole text, which is the expected value by definition
+
+
+def test_scan_attribute_stops_short_of_a_malformed_tail() -> None:
+    known, value = scan_attribute(", sharding={replicated}, metadata={op_name=", "sharding")
+    assert (known, value) == (True, "{replicated}")
+    assert scan_attribute(", metadata={op_name=", "sharding") == (False, None)
+
+
+def test_instruction_attributes_read_in_any_order_agree_with_their_split() -> None:
+    # a hand-written module: reads of one instruction's attributes in a row share one split
+    module = parse_module(
+        "HloModule m\n\nENTRY %e (p: f32[8,4]) -> f32[4,8] {\n"
+        '  %p = f32[8,4]{1,0} parameter(0), sharding={devices=[2,1]<=[2]}, metadata={op_name="x"}\n'
+        '  ROOT %t = f32[4,8]{1,0} transpose(%p), dimensions={1,0}, sharding={devices=[1,2]<=[2]}, '
+        'metadata={op_name="jit(f)/transpose" source_line=7}\n}\n'
+    )
+    entry = module.entry
+    assert entry is not None
+    for instruction in entry.instructions:
+        pairs = dict(instruction.attributes)
+        for key in ("metadata", "sharding", "dimensions", "absent", "sharding"):
+            assert instruction.attribute(key) == pairs.get(key)
+        assert dict(instruction.attributes) == pairs
+
+
+def test_new_instruction_is_the_dataclass_instruction() -> None:
+    module = parse_module("HloModule m\n\nENTRY %e {\n  ROOT %c = f32[] constant(1)\n}\n")
+    made = module.entry.instructions[0]  # type: ignore[union-attr]
+    fields = dict(name=made.name, opcode=made.opcode, shape=made.shape, operands=made.operands, offset=made.offset,
+                  origin=made.origin, is_root=made.is_root, raw_attributes=made.raw_attributes, literal=made.literal)
+    built = Instruction(**fields)
+    fast = new_instruction(*fields.values())
+    assert fast == built and hash(fast) == hash(built) and repr(fast) == repr(built)
+    assert fast.called is None and fast.printed_opcode is None
+
+
+def test_bitset_interner_shares_equal_bitsets_and_keeps_tuples() -> None:
+    intern = bitset_interner()
+    wide = 1 << 5000 | 1
+    first = intern(wide)
+    again = intern((1 << 5000) | 1)  # equal, another object
+    assert again is first
+    assert intern(first) is first
+    pair = intern((wide, 3))
+    assert pair == (wide, 3) and pair[0] is first
+
+
+@pytest.mark.parametrize("bits", [0, 1, 0b1011, 1 << 700 | 1 << 3, (1 << 300) - 1])
+def test_set_bits_ascending(bits: int) -> None:
+    expected = [i for i in range(bits.bit_length()) if bits >> i & 1]
+    assert _ascending(bits) == expected
+    assert _numbers(bits) == frozenset(expected)
