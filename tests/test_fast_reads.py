@@ -10,9 +10,11 @@ import pytest
 
 from hlo_doctor.graph.dataflow import bitset_interner
 from hlo_doctor.hlo import parse_module
+from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir import Instruction, new_instruction
 from hlo_doctor.hlo.parser import scan_attribute, split_attributes
 from hlo_doctor.semantics.roles import _ascending, _numbers
+from tests.corpus import CORPUS, corpus_files
 
 ATTRIBUTE_TEXTS = [
     # the common form: sharding first, metadata last
@@ -93,3 +95,32 @@ def test_set_bits_ascending(bits: int) -> None:
     expected = [i for i in range(bits.bit_length()) if bits >> i & 1]
     assert _ascending(bits) == expected
     assert _numbers(bits) == frozenset(expected)
+
+
+@pytest.mark.corpus
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/xla-hlo is absent")
+def test_scan_path_agrees_with_the_split_on_every_corpus_attribute() -> None:
+    """Every attribute of every instruction of the valid corpus (and three keys it may lack),
+    read through the scan from the line's start, is what the whole split gives."""
+    disagree, reads = [], 0
+    for path in corpus_files("valid"):
+        try:
+            module = parse_module(path.read_text(), path=str(path))
+        except ParseError:
+            continue
+        for computation in module.computations:
+            for instruction in computation.instructions:
+                try:
+                    pairs = instruction.attributes
+                except ParseError:
+                    continue
+                first: dict[str, str] = {}
+                for key, value in pairs:
+                    first.setdefault(key, value)
+                for key in [*first, "sharding", "dimensions", "not_an_attribute"]:
+                    instruction.origin._split_offset = -1  # the one-entry cache would answer instead
+                    reads += 1
+                    if instruction.attribute(key) != first.get(key):
+                        disagree.append(f"{path.name}: {instruction.name} {key}")
+    assert reads > 100_000
+    assert not disagree, disagree[:5]
