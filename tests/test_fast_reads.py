@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from hlo_doctor.graph.dataflow import bitset_interner
+from hlo_doctor.graph.dataflow import bitset_interner, set_bits
 from hlo_doctor.hlo import parse_module
 from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir import Instruction, new_instruction
 from hlo_doctor.hlo.parser import scan_attribute, split_attributes
-from hlo_doctor.semantics.roles import _ascending, _numbers
+from hlo_doctor.semantics.roles import _numbers
 from tests.corpus import CORPUS, corpus_files
 
 ATTRIBUTE_TEXTS = [
@@ -93,7 +93,7 @@ def test_bitset_interner_shares_equal_bitsets_and_keeps_tuples() -> None:
 @pytest.mark.parametrize("bits", [0, 1, 0b1011, 1 << 700 | 1 << 3, (1 << 300) - 1])
 def test_set_bits_ascending(bits: int) -> None:
     expected = [i for i in range(bits.bit_length()) if bits >> i & 1]
-    assert _ascending(bits) == expected
+    assert set_bits(bits) == expected
     assert _numbers(bits) == frozenset(expected)
 
 

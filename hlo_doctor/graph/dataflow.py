@@ -75,7 +75,7 @@ from hlo_doctor.graph.dataflow_graph import (
     NodeInfo,
     NodeKey,
 )
-from hlo_doctor.graph.dataflow_propagate import _CALLERS, bitset_interner, dataflow_order, propagate_forward
+from hlo_doctor.graph.dataflow_propagate import _CALLERS, bitset_interner, dataflow_order, propagate_forward, set_bits
 
 __all__ = [
     "NO_NODE",
@@ -88,6 +88,7 @@ __all__ = [
     "build_graph",
     "dataflow_order",
     "propagate_forward",
+    "set_bits",
 ]
 
 

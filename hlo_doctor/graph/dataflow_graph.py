@@ -20,7 +20,7 @@ from hlo_doctor.hlo.ir import (
 if TYPE_CHECKING:
     import networkx as nx
 
-from hlo_doctor.graph.dataflow_propagate import _bits_to_indices, _flatten, _propagate_params, dataflow_order
+from hlo_doctor.graph.dataflow_propagate import _flatten, _propagate_params, dataflow_order, set_bits
 
 __all__ = ["NO_NODE", "PARAM_KINDS", "ROOT_KINDS", "DataflowGraph", "IdRows", "NodeInfo", "NodeKey", "NodeKeys"]
 
@@ -352,7 +352,7 @@ class DataflowGraph:
     # ---- entry parameters a value derives from ------------------------
     def entry_parameters(self, key: NodeKey) -> frozenset[int]:
         """Numbers of the entry parameters ``key``'s value derives from."""
-        return frozenset(_bits_to_indices(self.parameter_bits(self._require(key))))
+        return frozenset(set_bits(self.parameter_bits(self._require(key))))
 
     def derives_from_parameter(self, key: NodeKey, number: int) -> bool:
         """Whether ``key``'s value depends on entry parameter ``number``."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from hlo_doctor._gc import paused_gc
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow_graph import DataflowGraph
 
 
-__all__ = ["bitset_interner", "dataflow_order", "propagate_forward"]
+__all__ = ["bitset_interner", "dataflow_order", "propagate_forward", "set_bits"]
 
 # Opcodes whose called computations exchange values with the caller.
 _CALLERS = frozenset(
@@ -79,13 +79,19 @@ def bitset_interner() -> Callable[[object], object]:
     return intern
 
 
-def _bits_to_indices(bits: int) -> Iterator[int]:
-    index = 0
-    while bits:
-        if bits & 1:
-            yield index
-        bits >>= 1
-        index += 1
+def set_bits(bits: int) -> list[int]:
+    """The positions of the set bits of ``bits``, ascending: one scan of its binary digits, not
+    a big-int operation per bit (a gradient's bitset over a big module's parameters is
+    thousands of bits wide)."""
+    digits = bin(bits)
+    top = len(digits) - 1
+    found = []
+    index = digits.find("1", 2)
+    while index != -1:
+        found.append(top - index)
+        index = digits.find("1", index + 1)
+    found.reverse()
+    return found
 
 
 def dataflow_order(graph: DataflowGraph) -> list[int]:

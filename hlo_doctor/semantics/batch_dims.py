@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from hlo_doctor.dump import Role
-from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey
+from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
@@ -44,7 +44,6 @@ from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _DOTS, _res
     PairBits,
     Pairs,
     PairValues,
-    _indices,
     _Propagation,
     _reshape,
     roles_map,
@@ -273,7 +272,7 @@ def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], 
         for dim, block in coding.blocks(lhs_bits):
             if dim >= len(lhs_roles) or lhs_roles[dim].role not in ("free", "batch"):
                 continue
-            for index in _indices(block):
+            for index in set_bits(block):
                 param = numbers[index]
                 if param not in found and param in candidates and not graph.parameter_bits(rhs) >> param & 1:
                     found.add(param)

@@ -19,6 +19,7 @@ from hlo_doctor.graph.dataflow import (
     DataflowGraph,
     bitset_interner,
     propagate_forward,
+    set_bits,
 )
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.hlo.attributes import parse_int_list
@@ -94,7 +95,7 @@ class PairBits:
 
     def pairs(self, bits: int) -> Pairs:
         numbers = self.numbers
-        return frozenset((numbers[index], dim) for dim, part in self.blocks(bits) for index in _indices(part))
+        return frozenset((numbers[index], dim) for dim, part in self.blocks(bits) for index in set_bits(part))
 
     def decode(self, value: int | tuple) -> Pairs | tuple:
         """A value's pairs: a frozenset for bits, a tuple of values for a tuple."""
@@ -116,19 +117,6 @@ class PairBits:
     def keep(self, bits: int, rank: int) -> int:
         """The pairs of dims below ``rank``."""
         return bits & ((1 << (rank * self.width)) - 1)
-
-
-def _indices(bits: int) -> list[int]:
-    """The positions of the set bits of ``bits``, ascending."""
-    found = []
-    index = 0
-    while bits:
-        skip = (bits & -bits).bit_length() - 1
-        index += skip
-        found.append(index)
-        bits >>= skip + 1
-        index += 1
-    return found
 
 
 class PairValues:

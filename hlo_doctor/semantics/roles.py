@@ -50,7 +50,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
 
-from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey
+from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts
@@ -131,7 +131,7 @@ class _Judge:
             shared = self._shared_ints
             if bits.bit_length() > len(shared):
                 shared.extend(range(len(shared), bits.bit_length()))
-            found = self._ordered[bits] = tuple(shared[n] for n in _ascending(bits))
+            found = self._ordered[bits] = tuple(shared[n] for n in set_bits(bits))
         return found
 
     # -- facts about a value ------------------------------------------------
@@ -396,21 +396,7 @@ def _mask(numbers) -> int:  # noqa: ANN001
 
 def _numbers(bits: int) -> frozenset[int]:
     """The set bit positions of ``bits``."""
-    return frozenset(_ascending(bits))
-
-
-def _ascending(bits: int) -> list[int]:
-    """The set bit positions of ``bits``, ascending (one scan of its binary digits, not a big-int
-    operation per bit: a gradient's bitset has hundreds of bits)."""
-    digits = bin(bits)
-    top = len(digits) - 1
-    found = []
-    index = digits.find("1", 2)
-    while index != -1:
-        found.append(top - index)
-        index = digits.find("1", index + 1)
-    found.reverse()
-    return found
+    return frozenset(set_bits(bits))
 
 
 def _is_ring(pairs: tuple[tuple[int, ...], ...]) -> bool:
