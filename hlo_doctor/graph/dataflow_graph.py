@@ -87,12 +87,6 @@ class IdRows:
     def __len__(self) -> int:
         return len(self._starts) - 1
 
-    @property
-    def arrays(self) -> tuple[array[int], array[int]]:
-        """The flat ids and the row starts: row ``i`` is ``flat[starts[i]:starts[i + 1]]`` (for
-        loops that walk many rows and need no tuple of each)."""
-        return self._flat, self._starts
-
     def __getitem__(self, node: int) -> tuple[int, ...]:
         starts = self._starts
         if node < 0:

@@ -157,8 +157,6 @@ def propagate_forward(
     """
     position = graph.dataflow_position
     targets_of = graph.targets_of
-    users, user_starts = graph.user_ids.arrays  # a node's targets: its users, then calls_out_of's
-    extra_targets = graph.calls_out_of.get
     count = len(graph.instruction_at)
     if start is None:
         dirty = bytearray(b"\x01") * count
@@ -176,18 +174,11 @@ def propagate_forward(
         if new != values[node]:
             values[node] = new
             here = position[node]
-            for target in users[user_starts[node] : user_starts[node + 1]]:
+            for target in targets_of(node):
                 if position[target] > here:
                     dirty[target] = 1
                 else:
                     back.add(target)
-            extra = extra_targets(node)
-            if extra:
-                for target, _ in extra:
-                    if position[target] > here:
-                        dirty[target] = 1
-                    else:
-                        back.add(target)
     heap = [(position[node], node) for node in back]
     heapq.heapify(heap)
     while heap:

@@ -307,18 +307,9 @@ class _Transfer:
         if opcode in _SIMPLE:
             rank = self.ranks[node]
             if rank >= 0:
-                # The commonest ops first (elementwise, converts, copies, collectives, slices,
-                # pads, concatenates, selects), as any other op at the end: same_rank, inline.
-                ranks = self.ranks
-                found = None
-                for source in sources:
-                    value = values[source]  # NO_NODE's slot is always empty
-                    if not value or ranks[source] != rank:
-                        continue
-                    if value.__class__ is not int:
-                        value = _flatten(value)
-                    found = value if found is None or found == value else found | value
-                return _NONE if found is None else found
+                # The commonest ops first (elementwise, converts, copies, collectives,
+                # slices, pads, concatenates, selects), as any other op at the end.
+                return self.same_rank(sources, rank)
         shape = instruction.shape
         if opcode in _DOTS:
             maps = self.dim_maps(node, instruction)
