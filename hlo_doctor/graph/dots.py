@@ -64,7 +64,6 @@ def _ints(text: str | None) -> tuple[int, ...]:
     return tuple(parse_int_list(text)) if text else ()
 
 
-
 def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
     """Roles of a ``dot``/``convolution``'s operand dims (ranks of the two operands)."""
     if instruction.opcode == "convolution":

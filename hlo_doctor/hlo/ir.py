@@ -104,6 +104,14 @@ def _no_splitter(text: str) -> tuple[tuple[str, str], ...]:
     raise TypeError("this ModuleText was made without an attribute splitter; parse text with parse_module")
 
 
+def _value_of(pairs: Iterable[tuple[str, str]], key: str) -> str | None:
+    """The value of the first ``key`` among raw ``(key, value)`` attribute pairs, or None."""
+    for name, value in pairs:
+        if name == key:
+            return value
+    return None
+
+
 def _no_scanner(text: str, key: str) -> tuple[bool, str | None]:
     return False, None
 
@@ -148,7 +156,25 @@ class ModuleText:
         :meth:`attribute_text`), split once for reads in a row."""
         if offset == self._split_offset:
             return self._split_pairs
-        pairs = self.split_attributes(self.attribute_text(offset, start))
+        return self._split(offset, self.attribute_text(offset, start))
+
+    def attribute_at(self, offset: int, start: int, key: str) -> str | None:
+        """Attribute ``key`` of the instruction at ``offset``: from the last split when it is this
+        instruction's, else read from the line's start up to that attribute, else split."""
+        if offset == self._split_offset:
+            pairs = self._split_pairs
+        else:
+            text = self.attribute_text(offset, start)
+            if key + "=" not in text:
+                return None
+            known, value = self.scan_attribute(text, key)
+            if known:
+                return value
+            pairs = self._split(offset, text)
+        return _value_of(pairs, key)
+
+    def _split(self, offset: int, text: str) -> tuple[tuple[str, str], ...]:
+        pairs = self.split_attributes(text)
         self._split_offset, self._split_pairs = offset, pairs
         return pairs
 
@@ -239,28 +265,14 @@ class Instruction:
         """The raw text of attribute ``key``, or None."""
         raw = self.raw_attributes
         if isinstance(raw, int):
-            origin = self.origin
-            if origin._split_offset == self.offset:
-                pairs = origin._split_pairs
-            else:
-                text = origin.attribute_text(self.offset, raw)
-                if key + "=" not in text:
-                    return None
-                known, value = origin.scan_attribute(text, key)
-                if known:
-                    return value
-                pairs = origin.split_attributes(text)
-                origin._split_offset, origin._split_pairs = self.offset, pairs
-        elif isinstance(raw, str):
+            return self.origin.attribute_at(self.offset, raw, key)
+        if isinstance(raw, str):
             if key + "=" not in raw:
                 return None
             pairs = self.attributes
         else:
             pairs = raw
-        for name, value in pairs:
-            if name == key:
-                return value
-        return None
+        return _value_of(pairs, key)
 
     @property
     def parameter_number(self) -> int | None:
@@ -422,10 +434,7 @@ class HloModule:
         return self.by_name.get(name)
 
     def attribute(self, key: str) -> str | None:
-        for name, value in self.attributes:
-            if name == key:
-                return value
-        return None
+        return _value_of(self.attributes, key)
 
     def instructions(self) -> Iterator[tuple[Computation, Instruction]]:
         for computation in self.computations:
