@@ -9,6 +9,7 @@ parse or crashes an analysis is reported in ``errors``; the others go on.
 from __future__ import annotations
 
 import fnmatch
+import gc
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -177,7 +178,9 @@ def _module_outcomes(
             done += 1
 
         outcomes = module_workers.map_modules(
-            lambda i: _analyze_module(dump, modules[i], rules, options, 1, release=False), sizes, jobs,
+            lambda i, share: _analyze_module(dump, modules[i], rules, options, max(share, 1),
+                                             release=share > 0 or release),
+            sizes, jobs,
             started=started,
         )
         for module, outcome in zip(modules, outcomes, strict=True):
@@ -220,8 +223,10 @@ def _analyze_module(
     )
     if release:
         ctx.__dict__.clear()  # the shared analyses, which hold cycles back to the context
-        for snapshot in module.snapshots:
-            snapshot.release()
+        module.release()
+        # The garbage collector is paused for the run: the few cycles the analyses left (a graph
+        # and its module) go now, in a collection of only what was made since the last one.
+        gc.collect(0)
     return _ModuleOutcome(
         module_findings, module_skips, errors, summary,
         tuple(s.parsed_once for s in module.snapshots), tuple(s.error for s in module.snapshots),

@@ -31,6 +31,8 @@ from hlo_doctor.dump.options import CompileOptions
 from hlo_doctor.dump.textproto import TextprotoError
 from hlo_doctor.errors import InputError
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
 JAX_PROGRAM = r"""
 import numpy as np
 import jax, jax.numpy as jnp
@@ -469,3 +471,22 @@ def test_symlinks_out_of_the_dump_folder_are_skipped_with_a_note(tmp_path):
     }
     report = analyze_dump(dump)
     assert sum("leads out of the dump folder" in e.message for e in report.errors) == 2
+
+
+def test_release_drops_what_was_read_and_records_an_error_once(tmp_path: Path) -> None:
+    """``DumpModule.release`` drops the parses, headers and metadata read for a module's analysis
+    (a long serial run, or a module worker, keeps only summaries); what is read again reads the
+    same, and a metadata error read twice is recorded once."""
+    folder = tmp_path / "d"
+    shutil.copytree(FIXTURES / "uneven-padding" / "jax-shardy-bad", folder)
+    next(folder.glob("*.debug_options")).write_text("xla_dump_to: {{{ not a textproto\n")
+    module = load_dump(folder).modules[0]
+    snapshot = module.snapshots[0]
+    header, shapes = snapshot.header_attributes, snapshot.entry_parameter_shapes
+    assert snapshot.module() is not None and module.debug_options == {}
+    assert len(module.errors_found) == 1
+    module.release()
+    assert not snapshot.parsed and "header_attributes" not in vars(snapshot)
+    assert "debug_options" not in vars(module)
+    assert module.debug_options == {} and len(module.errors_found) == 1
+    assert snapshot.header_attributes == header and snapshot.entry_parameter_shapes == shapes

@@ -46,13 +46,29 @@ def always_split(monkeypatch):
 
 @pytest.fixture
 def module_workers_always(monkeypatch):
-    """Every dump, even of one module, has its modules analysed in worker processes; counts the forks."""
+    """Every dump, even of one module, has its modules analysed in worker processes; lists the
+    module indexes handed to workers."""
     monkeypatch.setattr(module_workers, "MODULES_MIN_BYTES", 0)
     monkeypatch.setattr(module_workers, "MODULES_MIN_COUNT", 1)
-    forks = []
-    real = module_workers._fork
-    monkeypatch.setattr(module_workers, "_fork", lambda work, index: forks.append(index) or real(work, index))
-    return forks
+    sent = []
+    real = module_workers._Worker.send
+    monkeypatch.setattr(module_workers._Worker, "send", lambda self, index, share: sent.append(index) or real(self, index, share))
+    return sent
+
+
+@pytest.fixture
+def worker_forks(monkeypatch):
+    """The pids of the module workers forked."""
+    pids = []
+    real = module_workers.fork_server
+
+    def counting(*args, **kwargs):
+        requests, answers, pid = real(*args, **kwargs)
+        pids.append(pid)
+        return requests, answers, pid
+
+    monkeypatch.setattr(module_workers, "fork_server", counting)
+    return pids
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -123,9 +139,48 @@ def test_modules_come_back_in_order_and_a_dead_worker_is_redone_here(module_work
     serial = _report(folder, jobs=1)
     real = module_workers._child_answer
     monkeypatch.setattr(module_workers, "_child_answer",
-                        lambda work, index: os._exit(3) if index % 3 == 0 else real(work, index))
+                        lambda work, index, share: os._exit(3) if index % 3 == 0 else real(work, index, share))
     assert _report(folder, jobs=3) == serial
-    assert len(module_workers_always) == len(load_dump(folder).modules)
+    assert sorted(module_workers_always) == list(range(len(load_dump(folder).modules)))
+
+
+def test_a_worker_analyses_module_after_module(module_workers_always, worker_forks):
+    """Workers are forked once each, not once per module, and each module goes to one of them."""
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
+    count = len(load_dump(folder).modules)
+    assert _report(folder, jobs=2) == _report(folder, jobs=1)
+    assert len(worker_forks) == 2 < count
+    assert sorted(module_workers_always) == list(range(count))
+
+
+def test_a_dead_worker_is_replaced_while_modules_are_left(module_workers_always, worker_forks, monkeypatch):
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
+    serial = _report(folder, jobs=1)
+    modules = load_dump(folder).modules
+    sizes = [sum(s.size or 0 for s in module.snapshots) for module in modules]
+    first_handed_out = sorted(range(len(modules)), key=lambda i: (-sizes[i], i))[:3]
+    dying = {first_handed_out[0], first_handed_out[2]}  # modules are left after each
+    real = module_workers._child_answer
+    monkeypatch.setattr(module_workers, "_child_answer",
+                        lambda work, index, share: os._exit(3) if index in dying else real(work, index, share))
+    assert _report(folder, jobs=2) == serial
+    assert len(worker_forks) == 4  # two, and one for each that died
+
+
+def test_a_module_a_worker_cannot_answer_is_redone_here(module_workers_always, worker_forks, monkeypatch):
+    """work raising in the worker: that module is redone here, and the worker goes on."""
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
+    serial = _report(folder, jobs=1)
+    real = module_workers._child_answer
+
+    def failing(work, index, share):
+        if index == 1:
+            raise RuntimeError("cannot answer")
+        return real(work, index, share)
+
+    monkeypatch.setattr(module_workers, "_child_answer", failing)
+    assert _report(folder, jobs=2) == serial
+    assert len(worker_forks) == 2
 
 
 def test_the_parent_holds_no_parsed_module_and_learns_what_the_workers_parsed(module_workers_always):
@@ -150,3 +205,24 @@ def test_a_dump_loaded_by_analyze_is_released_module_by_module(monkeypatch):
     dump = load_dump(folder)
     analyze_dump(dump, jobs=1)
     assert released == [] and any(s.parsed for m in dump.modules for s in m.snapshots)
+
+
+def test_a_worker_that_died_between_modules_has_its_next_one_redone_here(module_workers_always, monkeypatch):
+    """The worker is gone when its next module is sent (the write fails): that module is redone here."""
+    import signal
+
+    folder = FIXTURES / "keras-layout-map" / "jax-shardy-bad"
+    serial = _report(folder, jobs=1)
+    real = module_workers._Worker.send
+    sends = []
+
+    def send_to_a_dead_worker(self, index, share):
+        sends.append(index)
+        if len(sends) == 4:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pid = os.fork() or os._exit(0)  # reaped here: stop() reaps a stand-in instead
+        real(self, index, share)
+
+    monkeypatch.setattr(module_workers._Worker, "send", send_to_a_dead_worker)
+    assert _report(folder, jobs=2) == serial

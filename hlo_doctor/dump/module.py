@@ -101,9 +101,9 @@ class DumpModule:
         try:
             return CompileOptions.from_binary(dump_files._read_bytes(path), str(path))
         except OSError as error:
-            self._errors.append(DumpError(str(path), dump_files._strerror(error)))
+            self.add_error(DumpError(str(path), dump_files._strerror(error)))
         except WireError as error:
-            self._errors.append(DumpError(str(path), f"not a CompileOptionsProto: {error}"))
+            self.add_error(DumpError(str(path), f"not a CompileOptionsProto: {error}"))
         return None
 
     @cached_property
@@ -176,7 +176,7 @@ class DumpModule:
             try:
                 text = read_declarations(self.mlir_path)
             except OSError as error:
-                self._errors.append(DumpError(str(self.mlir_path), dump_files._strerror(error)))
+                self.add_error(DumpError(str(self.mlir_path), dump_files._strerror(error)))
                 text = ""
             meshes = parse_meshes(text)
             if meshes:
@@ -238,9 +238,18 @@ class DumpModule:
         return tuple(self._errors)
 
     def add_error(self, error: DumpError) -> None:
-        """Record a metadata error found by another process (a rule worker), once."""
+        """Record a metadata error (found here, or by another process: a rule worker), once."""
         if error not in self._errors:
             self._errors.append(error)
+
+    def release(self) -> None:
+        """Drop what was read for this module's analysis (its parsed snapshots, its headers and
+        compile options), so the memory can be reused: a long analysis keeps only its summaries.
+        What is read again later is read again from the files; errors are recorded once."""
+        for snapshot in self.snapshots:
+            snapshot.release()
+        for cached in ("compile_options", "debug_options", "topology"):
+            self.__dict__.pop(cached, None)
 
     def parse_all(self) -> tuple[DumpError, ...]:
         for snapshot in self.snapshots:
@@ -263,7 +272,7 @@ class DumpModule:
         try:
             return dump_files._read_bytes(path).decode("utf-8", "replace")
         except OSError as error:
-            self._errors.append(DumpError(str(path), dump_files._strerror(error)))
+            self.add_error(DumpError(str(path), dump_files._strerror(error)))
             return None
 
     def _read_textproto(self, path: Path) -> Message | None:
@@ -273,7 +282,7 @@ class DumpModule:
         try:
             return parse_textproto(text)
         except TextprotoError as error:
-            self._errors.append(DumpError(str(path), f"{path}:{error}"))
+            self.add_error(DumpError(str(path), f"{path}:{error}"))
             return None
 
     def _header_int(self, key: str) -> int | None:

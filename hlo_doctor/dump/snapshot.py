@@ -168,11 +168,14 @@ class Snapshot:
         return self._parsed_once or self._module is not None
 
     def release(self) -> None:
-        """Drop the parsed module, so its memory can be reused; a later :meth:`module` parses
-        the file again. A parse failure is kept."""
+        """Drop the parsed module and the header read from the file, so their memory can be
+        reused; a later :meth:`module` parses the file again (and the header is read again on
+        use). A parse failure is kept."""
         if self._module is not None:
             self._parsed_once = True
             self._module = None
+        for cached in _HEADER_CACHES:
+            self.__dict__.pop(cached, None)
 
     def adopt_parsed(self) -> None:
         """Record that another process (a module worker) parsed the file."""
@@ -274,6 +277,10 @@ class Snapshot:
 
     def __repr__(self) -> str:
         return f"Snapshot({self.path.name!r}, role={self.role.value})"
+
+
+_HEADER_CACHES = ("header", "first_line", "header_attributes", "entry_parameter_shapes")
+"""The cached properties read from the file's first line, which :meth:`Snapshot.release` drops."""
 
 
 def _snapshot_order(snapshot: Snapshot) -> tuple[int, int, int, str]:

@@ -1,20 +1,25 @@
-"""A forked child that computes one value and sends it back pickled through a pipe.
+"""Forked children that compute values and send them back pickled through a pipe.
 
-Shared by :mod:`hlo_doctor.rules.parallel` (some rules of a big module in a child) and
-:mod:`hlo_doctor.rules.module_workers` (whole modules in children). The child prints
-nothing, writes its pickled answer and leaves with ``os._exit`` (status 0 only when the
-answer was written); the parent reads the pipe, waits, and treats a failed child or a
-garbled answer as no answer, doing the work itself.
+:func:`fork_child` computes one value (:mod:`hlo_doctor.rules.parallel`: some rules of a
+big module in a child); :func:`fork_server` answers one request after another
+(:mod:`hlo_doctor.rules.module_workers`: whole modules, so that each worker pays its start
+once, not once per module). A child prints nothing and leaves with ``os._exit`` (status 0
+only when all its answers were written); the parent treats a failed child or a garbled
+answer as no answer, doing the work itself.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-__all__ = ["can_fork", "fork_child", "loads"]
+__all__ = ["FRAME_HEADER", "REQUEST", "can_fork", "fork_child", "fork_server", "loads"]
+
+FRAME_HEADER = 8
+"""Each of :func:`fork_server`'s answers is its pickle's length in this many bytes (little-endian), then the pickle."""
 
 
 def can_fork() -> bool:
@@ -43,6 +48,52 @@ def _serve(produce: Callable[[], object], write_end: int) -> None:  # pragma: no
             pipe.write(data)
         status = 0
     except BaseException:  # noqa: BLE001 - the parent does the work itself
+        pass
+    finally:
+        os._exit(status)
+
+
+REQUEST = struct.Struct("<ii")
+"""A :func:`fork_server` request: two ints (for a module worker, the module's index and the processes it may use)."""
+
+
+def fork_server(answer: Callable[[int, int], object], inherited: Iterable[int] = ()) -> tuple[int, int, int]:
+    """Fork a child that answers requests: (the requests pipe's write end, the answers pipe's
+    read end, the child's pid).
+
+    Each request is two ints (:data:`REQUEST`) written to the first pipe; the child writes
+    ``answer(*request)`` pickled, framed by its length (:data:`FRAME_HEADER`; length 0: it could
+    not answer that one), to the second, and leaves once the requests pipe is closed.
+    ``inherited``: this process's ends of other children's pipes, which the child closes (a
+    child holding another's requests pipe open would keep that one waiting for ever).
+    """
+    requests_read, requests_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child (its exit status is checked)
+        for fd in (requests_write, answers_read, *inherited):
+            os.close(fd)
+        _answer_requests(answer, requests_read, answers_write)
+    os.close(requests_read)
+    os.close(answers_write)
+    return requests_write, answers_read, pid
+
+
+def _answer_requests(answer: Callable[[int, int], object], requests: int, answers: int) -> None:  # pragma: no cover
+    status = 1
+    try:
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - see _serve
+        with os.fdopen(requests, "rb") as inbox, os.fdopen(answers, "wb") as outbox:
+            while len(request := inbox.read(REQUEST.size)) == REQUEST.size:
+                try:
+                    data = pickle.dumps(answer(*REQUEST.unpack(request)), protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception:  # noqa: BLE001 - the parent does this one itself
+                    data = b""
+                outbox.write(len(data).to_bytes(FRAME_HEADER, "little"))
+                outbox.write(data)
+                outbox.flush()
+        status = 0
+    except BaseException:  # noqa: BLE001 - the parent does the rest itself
         pass
     finally:
         os._exit(status)
