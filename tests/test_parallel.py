@@ -226,3 +226,19 @@ def test_a_worker_that_died_between_modules_has_its_next_one_redone_here(module_
 
     monkeypatch.setattr(module_workers._Worker, "send", send_to_a_dead_worker)
     assert _report(folder, jobs=2) == serial
+
+
+def test_an_answer_is_taken_only_once_it_has_all_come():
+    """fork_server's answers are length-framed; what is read so far may end inside a frame."""
+    from hlo_doctor.rules._forked import take_answer
+
+    first, second = b"x" * 70_000, b""  # an answer longer than a pipe's buffer, and an empty one
+    stream = len(first).to_bytes(8, "little") + first + len(second).to_bytes(8, "little")
+    data = bytearray()
+    taken = []
+    for at in range(0, len(stream), 4099):  # in pieces that split the header and the body
+        data += stream[at:at + 4099]
+        while (answer := take_answer(data)) is not None:
+            taken.append(answer)
+    assert taken == [first, second] and not data
+    assert take_answer(bytearray(b"\x05\x00\x00")) is None

@@ -16,10 +16,7 @@ import struct
 import sys
 from collections.abc import Callable, Iterable
 
-__all__ = ["FRAME_HEADER", "REQUEST", "can_fork", "fork_child", "fork_server", "loads"]
-
-FRAME_HEADER = 8
-"""Each of :func:`fork_server`'s answers is its pickle's length in this many bytes (little-endian), then the pickle."""
+__all__ = ["REQUEST", "can_fork", "fork_child", "fork_server", "loads", "take_answer"]
 
 
 def can_fork() -> bool:
@@ -32,29 +29,21 @@ def fork_child(produce: Callable[[], object]) -> tuple[int, int]:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child (its exit status is checked)
         os.close(read_end)
-        _serve(produce, write_end)
+        _run_child(lambda: _send_one(produce, write_end))
     os.close(write_end)
     return read_end, pid
 
 
-def _serve(produce: Callable[[], object], write_end: int) -> None:  # pragma: no cover - child
-    status = 1
-    try:
-        # Nothing is printed here: a stream lock held by another thread of the parent at the
-        # fork (a progress bar's refresh) would stay held in this copy.
-        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until _exit
-        data = pickle.dumps(produce(), protocol=pickle.HIGHEST_PROTOCOL)
-        with os.fdopen(write_end, "wb") as pipe:
-            pipe.write(data)
-        status = 0
-    except BaseException:  # noqa: BLE001 - the parent does the work itself
-        pass
-    finally:
-        os._exit(status)
+def _send_one(produce: Callable[[], object], write_end: int) -> None:  # pragma: no cover - child
+    data = pickle.dumps(produce(), protocol=pickle.HIGHEST_PROTOCOL)
+    with os.fdopen(write_end, "wb") as pipe:
+        pipe.write(data)
 
 
 REQUEST = struct.Struct("<ii")
 """A :func:`fork_server` request: two ints (for a module worker, the module's index and the processes it may use)."""
+
+_ANSWER_LENGTH = struct.Struct("<Q")  # what frames each of fork_server's answers
 
 
 def fork_server(answer: Callable[[int, int], object], inherited: Iterable[int] = ()) -> tuple[int, int, int]:
@@ -62,10 +51,10 @@ def fork_server(answer: Callable[[int, int], object], inherited: Iterable[int] =
     read end, the child's pid).
 
     Each request is two ints (:data:`REQUEST`) written to the first pipe; the child writes
-    ``answer(*request)`` pickled, framed by its length (:data:`FRAME_HEADER`; length 0: it could
-    not answer that one), to the second, and leaves once the requests pipe is closed.
-    ``inherited``: this process's ends of other children's pipes, which the child closes (a
-    child holding another's requests pipe open would keep that one waiting for ever).
+    ``answer(*request)`` pickled, framed by its length (read back with :func:`take_answer`;
+    empty: it could not answer that one), to the second, and leaves once the requests pipe is
+    closed. ``inherited``: this process's ends of other children's pipes, which the child closes
+    (a child holding another's requests pipe open would keep that one waiting for ever).
     """
     requests_read, requests_write = os.pipe()
     answers_read, answers_write = os.pipe()
@@ -73,27 +62,48 @@ def fork_server(answer: Callable[[int, int], object], inherited: Iterable[int] =
     if pid == 0:  # pragma: no cover - runs in the child (its exit status is checked)
         for fd in (requests_write, answers_read, *inherited):
             os.close(fd)
-        _answer_requests(answer, requests_read, answers_write)
+        _run_child(lambda: _answer_requests(answer, requests_read, answers_write))
     os.close(requests_read)
     os.close(answers_write)
     return requests_write, answers_read, pid
 
 
 def _answer_requests(answer: Callable[[int, int], object], requests: int, answers: int) -> None:  # pragma: no cover
+    with os.fdopen(requests, "rb") as inbox, os.fdopen(answers, "wb") as outbox:
+        while len(request := inbox.read(REQUEST.size)) == REQUEST.size:
+            try:
+                data = pickle.dumps(answer(*REQUEST.unpack(request)), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - the parent does this one itself
+                data = b""
+            outbox.write(_ANSWER_LENGTH.pack(len(data)))
+            outbox.write(data)
+            outbox.flush()
+
+
+def take_answer(data: bytearray) -> bytes | None:
+    """The first whole answer of :func:`fork_server` read so far into ``data`` (then removed from
+    it), or None while it has not all come."""
+    header = _ANSWER_LENGTH.size
+    if len(data) < header:
+        return None
+    end = header + _ANSWER_LENGTH.unpack_from(data)[0]
+    if len(data) < end:
+        return None
+    answer = bytes(data[header:end])
+    del data[:end]
+    return answer
+
+
+def _run_child(body: Callable[[], None]) -> None:  # pragma: no cover - child
+    """Run ``body`` in a forked child and leave: status 0 when it returned, 1 when it raised."""
     status = 1
     try:
-        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - see _serve
-        with os.fdopen(requests, "rb") as inbox, os.fdopen(answers, "wb") as outbox:
-            while len(request := inbox.read(REQUEST.size)) == REQUEST.size:
-                try:
-                    data = pickle.dumps(answer(*REQUEST.unpack(request)), protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception:  # noqa: BLE001 - the parent does this one itself
-                    data = b""
-                outbox.write(len(data).to_bytes(FRAME_HEADER, "little"))
-                outbox.write(data)
-                outbox.flush()
+        # Nothing is printed here: a stream lock held by another thread of the parent at the
+        # fork (a progress bar's refresh) would stay held in this copy.
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until _exit
+        body()
         status = 0
-    except BaseException:  # noqa: BLE001 - the parent does the rest itself
+    except BaseException:  # noqa: BLE001 - the parent does the work itself
         pass
     finally:
         os._exit(status)

@@ -29,7 +29,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from hlo_doctor.rules._forked import FRAME_HEADER, REQUEST, can_fork, fork_server, loads
+from hlo_doctor.rules._forked import REQUEST, can_fork, fork_server, loads, take_answer
 
 __all__ = ["MODULES_MIN_BYTES", "MODULES_MIN_COUNT", "can_fork", "map_modules", "worth_forking"]
 
@@ -145,16 +145,9 @@ class _Worker:
         chunk = os.read(self.answers, 1 << 20)
         if not chunk:
             return _GONE
-        data = self._data
-        data += chunk
-        if len(data) < FRAME_HEADER:
-            return _PENDING
-        length = int.from_bytes(data[:FRAME_HEADER], "little")
-        if len(data) < FRAME_HEADER + length:
-            return _PENDING
-        answer = bytes(data[FRAME_HEADER:FRAME_HEADER + length])
-        data.clear()
-        return answer
+        self._data += chunk
+        answer = take_answer(self._data)
+        return _PENDING if answer is None else answer
 
     def stop(self, kill: bool = False) -> None:
         """Close its pipes and reap it (killed first when ``kill``: this process was interrupted)."""
