@@ -20,7 +20,8 @@ from hlo_doctor.hlo.ir import (
 if TYPE_CHECKING:
     import networkx as nx
 
-from hlo_doctor.graph.dataflow_propagate import _flatten, _propagate_params, dataflow_order, set_bits
+from hlo_doctor.graph.dataflow_propagate import dataflow_order, set_bits
+from hlo_doctor.graph.parameter_bits import ParameterBits
 
 __all__ = ["NO_NODE", "PARAM_KINDS", "ROOT_KINDS", "DataflowGraph", "IdRows", "NodeInfo", "NodeKey", "NodeKeys"]
 
@@ -166,7 +167,7 @@ class DataflowGraph:
         self.calls_into = calls_into
         self.calls_out_of = calls_out_of
         self._ids = ids
-        self._params: list | None = None
+        self._params: ParameterBits | None = None
 
     # ---- ids -----------------------------------------------------------
     @cached_property
@@ -355,8 +356,8 @@ class DataflowGraph:
     def parameter_bits(self, node: int) -> int:
         """Node ``node``'s entry parameters as a bitset (bit k: parameter k)."""
         if self._params is None:
-            self._params = _propagate_params(self)
-        return _flatten(self._params[node])
+            self._params = ParameterBits(len(self.instruction_at))
+        return self._params.of(self, node)
 
 
 @dataclass(frozen=True, slots=True)

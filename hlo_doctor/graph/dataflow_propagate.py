@@ -6,10 +6,8 @@ import heapq
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from hlo_doctor._gc import paused_gc
 from hlo_doctor.hlo.ir import (
     Computation,
-    Instruction,
 )
 
 if TYPE_CHECKING:
@@ -23,13 +21,10 @@ __all__ = ["bitset_interner", "dataflow_order", "propagate_forward", "set_bits"]
 _CALLERS = frozenset(
     {"fusion", "while", "call", "conditional", "async-start", "async-update", "async-done"}
 )
-# Tuple-shaped ops whose result element i is computed from operand i alone.
-_ELEMENTWISE_TUPLE = frozenset({"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"})
 
 
 # --------------------------------------------------------------------------
-# Entry-parameter bitsets. A value is an int bitset, or a tuple of values
-# (one per tuple element).
+# Bitset values: an int bitset, or a tuple of values (one per tuple element).
 
 
 def _flatten(value) -> int:
@@ -193,62 +188,3 @@ def propagate_forward(
                     back.add(target)
                     heapq.heappush(heap, (position[target], target))
     return computed
-
-
-def _propagate_params(graph: DataflowGraph) -> list:
-    with paused_gc():
-        return _propagate(graph)
-
-
-def _propagate(graph: DataflowGraph) -> list:
-    entry = graph.module.entry
-    entry_name = entry.name if entry else None
-    entry_ids = graph.computation_range(entry_name) if entry_name is not None else range(0)
-    instruction_at = graph.instruction_at
-    operand_ids = graph.operand_ids
-    calls_into = graph.calls_into
-    values: list = [0] * (len(instruction_at) + 1)  # the extra last slot is NO_NODE's: always 0
-    # One int object per distinct bitset: in a deep network most values derive from the same
-    # hundreds of parameters (a gradient from every later layer's weights), and a new int of
-    # as many bits per node would make the list grow with nodes x parameters.
-    intern = bitset_interner()
-
-    def transfer(node: int):
-        instruction: Instruction = instruction_at[node]
-        opcode = instruction.opcode
-        if opcode == "parameter" and node in entry_ids:
-            return 1 << (instruction.parameter_number or 0)
-        sources = operand_ids[node]
-        if opcode == "tuple":
-            return tuple(values[s] for s in sources)
-        extra = calls_into.get(node)
-        if opcode == "get-tuple-element":
-            source_value = values[sources[0]] if sources else 0
-            for source, _ in extra or ():
-                source_value = _join(source_value, values[source])
-            index_text = instruction.attribute("index")
-            if isinstance(source_value, tuple) and index_text and index_text.isdigit():
-                index = int(index_text)
-                if index < len(source_value):
-                    return source_value[index]
-            return _flatten(source_value)
-        if not instruction.shape.is_tuple:
-            bits = 0
-            for source in sources:
-                value = values[source]
-                bits |= value if value.__class__ is int else _flatten(value)
-            for source, _ in extra or ():
-                bits |= _flatten(values[source])
-            return bits
-        if opcode in _ELEMENTWISE_TUPLE and not extra and len(sources) == len(instruction.shape.tuple_shapes):
-            # A combined collective: element i is operand i's.
-            return tuple(_flatten(values[s]) for s in sources)
-        value = 0
-        for source in sources:
-            value = _join(value, values[source])
-        for source, _ in extra or ():
-            value = _join(value, values[source])
-        return value
-
-    propagate_forward(graph, lambda node: intern(transfer(node)), values)
-    return values
