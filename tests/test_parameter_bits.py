@@ -23,8 +23,15 @@ from tests.corpus import CORPUS, corpus_files
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 # A weight reshaped on its way to a dot (a few acyclic ancestors), a loop whose body feeds back
-# into its parameter (a cycle), and a callee called twice in a chain (a cycle through call edges).
+# into its parameter (a cycle), a callee called twice in a chain (a cycle through call edges),
+# and a reduce whose reducer exchanges no value with the program.
 LOOP_AND_CALLS = """HloModule m
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
 
 %body (p: (f32[4], f32[4])) -> (f32[4], f32[4]) {
   %p = (f32[4], f32[4]) parameter(0)
@@ -44,7 +51,7 @@ LOOP_AND_CALLS = """HloModule m
   ROOT %n = f32[4] negate(%x)
 }
 
-ENTRY %e (w: f32[4,2], x: f32[4], y: f32[4], z: f32[4]) -> (f32[4], f32[2,4], f32[4]) {
+ENTRY %e (w: f32[4,2], x: f32[4], y: f32[4], z: f32[4]) -> (f32[4], f32[2,4], f32[4], f32[]) {
   %w = f32[4,2] parameter(0)
   %x = f32[4] parameter(1)
   %y = f32[4] parameter(2)
@@ -56,7 +63,9 @@ ENTRY %e (w: f32[4,2], x: f32[4], y: f32[4], z: f32[4]) -> (f32[4], f32[2,4], f3
   %out = f32[4] get-tuple-element(%loop), index=0
   %first = f32[4] call(%z), to_apply=%twice
   %second = f32[4] call(%first), to_apply=%twice
-  ROOT %r = (f32[4], f32[2,4], f32[4]) tuple(%out, %wc, %second)
+  %zero = f32[] constant(0)
+  %total = f32[] reduce(%x, %zero), dimensions={0}, to_apply=%sum
+  ROOT %r = (f32[4], f32[2,4], f32[4], f32[]) tuple(%out, %wc, %second, %total)
 }
 """
 
@@ -93,6 +102,16 @@ def test_ancestors_alone_where_they_are_few_and_acyclic_the_whole_propagation_el
     assert alone("second") == (whole[graph.id_of((entry, "second"))], False)  # the callee's two calls
     assert alone("second")[0] == 0b1000
     assert alone("r") == (0b1111, False)
+    assert alone("total") == (0b0010, True)
+
+
+def test_the_whole_propagation_leaves_out_computations_that_exchange_no_value() -> None:
+    graph = build_graph(parse_module(LOOP_AND_CALLS))
+    linked = {graph.keys[r.start][0] for r in graph.linked_ranges}
+    assert linked == {"body", "cond", "twice", graph.module.entry.name}  # not the reducer
+    bits = ParameterBits(len(graph))
+    bits._propagate_all(graph)
+    assert [bits.of(graph, graph.id_of(("sum", name))) for name in "abs"] == [0, 0, 0]
 
 
 def test_many_questions_get_the_whole_propagation() -> None:

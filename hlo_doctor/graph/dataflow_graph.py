@@ -192,6 +192,19 @@ class DataflowGraph:
     def _ranges(self) -> dict[str, range]:
         return {name: range(first, end) for (first, name), end in zip(self._spans, self._span_ends, strict=False)}
 
+    @cached_property
+    def linked_ranges(self) -> list[range]:
+        """The ids of the entry computation and of every computation that exchanges values with
+        another (fusions, loop bodies, callees, branches, async wrappers), computation by
+        computation. The others (reducers, comparators: ``to_apply`` of a reduce, an all-reduce
+        or a sort) have no edge out of themselves, and nothing derives from their values."""
+        entry = self.module.entry
+        linked = {entry.name} if entry is not None else set()
+        starts = [first for first, _ in self._spans]
+        for node in (*self.calls_into, *self.calls_out_of):
+            linked.add(self._spans[bisect_right(starts, node) - 1][1])
+        return [self._ranges[name] for _, name in self._spans if name in linked]
+
     def computation_ids(self, computation: str) -> dict[str, int]:
         """Instruction name -> node id, for one computation (empty when unknown)."""
         return self._ids.get(computation, {})

@@ -13,6 +13,7 @@ among them each value has one solution, the one the whole propagation reaches.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from hlo_doctor._gc import paused_gc
@@ -102,11 +103,13 @@ class ParameterBits:
         return order
 
     def _propagate_all(self, graph: DataflowGraph) -> None:
-        """Every node's value, by the whole propagation from scratch."""
+        """Every node's value, by the whole propagation from scratch. The nodes of a computation
+        that exchanges no value with another (a reducer) derive from no entry parameter and
+        give nothing to any other: they keep 0, which is what they would compute."""
         values: list = [0] * (len(graph.instruction_at) + 1)
         transfer = _transfer_into(graph, values)
         with paused_gc():
-            propagate_forward(graph, transfer, values)
+            propagate_forward(graph, transfer, values, chain.from_iterable(graph.linked_ranges))
         self._values = values
         self._complete = True
         self._known = bytearray()
