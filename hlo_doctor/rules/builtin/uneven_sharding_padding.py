@@ -88,13 +88,23 @@ class UnevenShardingPadding(Rule):
             return
         # (size, shards) -> [(instruction, dim, bytes, tiles per dim)]
         uneven: dict[tuple[int, int], list[tuple[Instruction, int, int, tuple[int, ...]]]] = {}
-        # Thousands of values share a few (sharding, shape) pairs: judge each pair once.
-        judged: dict[tuple, tuple[tuple[int, int, int, int, tuple[int, ...]], ...]] = {}
+        # Thousands of values share a few shapes and (sharding, shape) pairs: judge each once. A
+        # shape is known by its object (the parser makes one per shape text, alive while the
+        # module is): hashing a shape's fields for every value costs more than the judging.
+        judged: dict[tuple[str, int], tuple[tuple[int, int, int, int, tuple[int, ...]], ...]] = {}
+        too_small: dict[int, bool] = {}  # shape -> whether it is under min_bytes (every leaf is)
+        min_bytes = self.options.min_bytes
         for _, instruction in module.instructions():
+            shape = instruction.shape
+            small = too_small.get(id(shape))
+            if small is None:
+                small = too_small[id(shape)] = shape.byte_size < min_bytes
+            if small:
+                continue  # its sharding is not even read
             text = instruction.attribute("sharding")
             if text is None:
                 continue
-            key = (text, instruction.shape)
+            key = (text, id(shape))
             found = judged.get(key)
             if found is None:
                 found = judged[key] = self._uneven_dims(instruction, ctx.num_partitions)
