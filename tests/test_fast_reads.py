@@ -12,7 +12,7 @@ from hlo_doctor.graph.dataflow import bitset_interner, set_bits
 from hlo_doctor.hlo import parse_module
 from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir import Instruction, new_instruction
-from hlo_doctor.hlo.parser import scan_attribute, split_attributes
+from hlo_doctor.hlo.parser import scan_attribute, scan_attributes, split_attributes
 from hlo_doctor.semantics.roles import _numbers
 from tests.corpus import CORPUS, corpus_files
 
@@ -45,6 +45,25 @@ def test_scan_attribute_agrees_with_the_whole_split(text: str, key: str) -> None
     # else: the caller splits the whole text, which is the expected value by definition
 
 
+@pytest.mark.parametrize("text", ATTRIBUTE_TEXTS)
+def test_scan_attributes_agrees_with_one_scan_per_key(text: str) -> None:
+    for count in range(1, len(KEYS) + 1):
+        keys = tuple(KEYS[:count])
+        found = scan_attributes(text, keys)
+        for key in keys:
+            known, value = scan_attribute(text, key)
+            if key in found:
+                assert known and found[key] == value
+            else:  # left to the split, as the one-key scan leaves it
+                assert not known
+
+
+def test_scan_attributes_stops_at_the_first_stretch_not_in_the_common_form() -> None:
+    text = ", dimensions={1}, sharding={maximal device=0} /*c*/, metadata={}"
+    assert scan_attributes(text, ("dimensions", "sharding", "metadata")) == {"dimensions": "{1}"}
+    assert scan_attributes(", dimensions={0}", ("dimensions", "sharding")) == {"dimensions": "{0}", "sharding": None}
+
+
 def test_scan_attribute_stops_short_of_a_malformed_tail() -> None:
     known, value = scan_attribute(", sharding={replicated}, metadata={op_name=", "sharding")
     assert (known, value) == (True, "{replicated}")
@@ -66,6 +85,9 @@ def test_instruction_attributes_read_in_any_order_agree_with_their_split() -> No
         for key in ("metadata", "sharding", "dimensions", "absent", "sharding"):
             assert instruction.attribute(key) == pairs.get(key)
         assert dict(instruction.attributes) == pairs
+        keys = ("dimensions", "absent", "metadata", "sharding")
+        instruction.origin._split_offset = -1
+        assert instruction.attributes_of(keys) == tuple(pairs.get(key) for key in keys)
 
 
 def test_new_instruction_is_the_dataclass_instruction() -> None:
@@ -117,10 +139,14 @@ def test_scan_path_agrees_with_the_split_on_every_corpus_attribute() -> None:
                 first: dict[str, str] = {}
                 for key, value in pairs:
                     first.setdefault(key, value)
-                for key in [*first, "sharding", "dimensions", "not_an_attribute"]:
+                keys = [*first, "sharding", "dimensions", "not_an_attribute"]
+                for key in keys:
                     instruction.origin._split_offset = -1  # the one-entry cache would answer instead
                     reads += 1
                     if instruction.attribute(key) != first.get(key):
                         disagree.append(f"{path.name}: {instruction.name} {key}")
+                instruction.origin._split_offset = -1
+                if instruction.attributes_of(tuple(keys)) != tuple(first.get(key) for key in keys):
+                    disagree.append(f"{path.name}: {instruction.name} {keys} in one pass")
     assert reads > 100_000
     assert not disagree, disagree[:5]

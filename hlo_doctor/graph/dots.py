@@ -70,11 +70,12 @@ def dot_dims(instruction: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
         return _convolution_dims(instruction, lhs_rank, rhs_rank)
     if instruction.opcode != "dot":
         raise OpKindError(f"{instruction.name} is a {instruction.opcode}, not a dot or convolution")
-    # Four reads of the line's first attributes (XLA prints a dot's dims before its metadata),
+    # One read of the line's first attributes (XLA prints a dot's dims before its metadata),
     # not a split of the whole line: the analyses ask this of every dot, in every pass.
-    attribute = instruction.attribute
-    return _dot_dims(attribute("lhs_batch_dims"), attribute("rhs_batch_dims"), attribute("lhs_contracting_dims"),
-                     attribute("rhs_contracting_dims"), lhs_rank, rhs_rank)
+    return _dot_dims(*instruction.attributes_of(_DOT_DIMS_KEYS), lhs_rank, rhs_rank)
+
+
+_DOT_DIMS_KEYS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")
 
 
 # Cached by the four dims attributes as written and the two ranks: a big module has

@@ -116,6 +116,10 @@ def _no_scanner(text: str, key: str) -> tuple[bool, str | None]:
     return False, None
 
 
+def _no_multi_scanner(text: str, keys: tuple[str, ...]) -> dict[str, str | None]:
+    return {}
+
+
 class ModuleText:
     """The text a module was parsed from, shared by all its instructions.
 
@@ -124,8 +128,8 @@ class ModuleText:
     """
 
     __slots__ = (
-        "text", "path", "frame_tables", "split_attributes", "scan_attribute", "_newlines", "_split_offset",
-        "_split_pairs",
+        "text", "path", "frame_tables", "split_attributes", "scan_attribute", "scan_attributes", "_newlines",
+        "_split_offset", "_split_pairs",
     )
 
     def __init__(
@@ -134,6 +138,7 @@ class ModuleText:
         path: str | None = None,
         split_attributes: Callable[[str], tuple[tuple[str, str], ...]] = _no_splitter,
         scan_attribute: Callable[[str, str], tuple[bool, str | None]] = _no_scanner,
+        scan_attributes: Callable[[str, tuple[str, ...]], dict[str, str | None]] = _no_multi_scanner,
     ) -> None:
         self.text = text
         self.path = path
@@ -143,6 +148,9 @@ class ModuleText:
         # How it reads one attribute from the start of that text without splitting all of it
         # (hlo_doctor.hlo.parser.scan_attribute): (True, value or None) when it can tell.
         self.scan_attribute = scan_attribute
+        # ... and several in one pass (hlo_doctor.hlo.parser.scan_attributes): {key: value} for
+        # the keys it can tell.
+        self.scan_attributes = scan_attributes
         self.frame_tables: StackFrameTables | None = None
         self._newlines: list[int] | None = None
         # The last instruction whose attribute text was split here (its offset) and the pairs: an
@@ -172,6 +180,19 @@ class ModuleText:
                 return value
             pairs = self._split(offset, text)
         return _value_of(pairs, key)
+
+    def attributes_of_at(self, offset: int, start: int, keys: tuple[str, ...]) -> tuple[str | None, ...]:
+        """Attributes ``keys`` of the instruction at ``offset``, each what :meth:`attribute_at`
+        gives, read in one pass from the line's start (a dot's four dims attributes, say)."""
+        if offset == self._split_offset:
+            return tuple(_value_of(self._split_pairs, key) for key in keys)
+        text = self.attribute_text(offset, start)
+        present = tuple(key for key in keys if key + "=" in text)
+        found = self.scan_attributes(text, present) if present else {}
+        return tuple(
+            found[key] if key in found else self.attribute_at(offset, start, key) if key in present else None
+            for key in keys
+        )
 
     def _split(self, offset: int, text: str) -> tuple[tuple[str, str], ...]:
         pairs = self.split_attributes(text)
@@ -273,6 +294,14 @@ class Instruction:
         else:
             pairs = raw
         return _value_of(pairs, key)
+
+    def attributes_of(self, keys: tuple[str, ...]) -> tuple[str | None, ...]:
+        """The raw text of each attribute in ``keys`` (None where absent), as :meth:`attribute`
+        gives them, read in one pass where the line allows."""
+        raw = self.raw_attributes
+        if isinstance(raw, int):
+            return self.origin.attributes_of_at(self.offset, raw, keys)
+        return tuple(self.attribute(key) for key in keys)
 
     @property
     def parameter_number(self) -> int | None:

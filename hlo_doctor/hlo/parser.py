@@ -46,7 +46,7 @@ class Parser(AsyncSugarReader):
         super().__init__(text, path)
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
-        self.origin = ModuleText(text, path, split_attributes, scan_attribute)
+        self.origin = ModuleText(text, path, split_attributes, scan_attribute, scan_attributes)
         self._line = 1
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
@@ -520,6 +520,30 @@ def scan_attribute(text: str, key: str) -> tuple[bool, str | None]:
                 return True, found.group(2)
             return False, None
     return True, None
+
+
+def scan_attributes(text: str, keys: tuple[str, ...]) -> dict[str, str | None]:
+    """The attributes ``keys`` of the raw ``, key=value, ...`` text of one instruction line, each
+    as :func:`scan_attribute` reads it, in one pass from the start that stops once all are found:
+    ``{key: value}`` for each key it could tell (a key the whole text lacks is given as None; one
+    past the first stretch not in the common form is left out, for :func:`split_attributes`)."""
+    match = fast_path.ATTRIBUTE.match
+    found: dict[str, str | None] = {}
+    wanted = len(keys)
+    position, end = 0, len(text)
+    while position < end:
+        hit = match(text, position)
+        if hit is None:
+            return found
+        position = hit.end()
+        key = hit.group(1)
+        if key in keys and key not in found:
+            if position != end and text[position] != ",":
+                return found
+            found[key] = hit.group(2)
+            if len(found) == wanted:
+                return found
+    return {**dict.fromkeys(keys), **found}
 
 
 _ENTRY_HEADER = re.compile(r"^ENTRY[ \t]", re.M)
