@@ -182,6 +182,8 @@ class _Propagation:
             return PairValues(values, coding), []
         seed_bits = {node: coding.encode(pairs) for node, pairs in seeds.items()}
         instruction_at = graph.instruction_at
+        operand_ids = graph.operand_ids
+        ranks = graph.ranks
         transfer = self.transfer
         transfer.values = values
         transfer.coding = coding
@@ -191,7 +193,22 @@ class _Propagation:
             if node in seed_bits:
                 return seed_bits[node]
             instruction = instruction_at[node]
-            if not through_dots and instruction.opcode in _DOTS:
+            opcode = instruction.opcode
+            if opcode in _SIMPLE:
+                rank = ranks[node]
+                if rank >= 0:
+                    # The commonest ops (elementwise, converts, copies, collectives, slices, pads,
+                    # concatenates, selects): _Transfer.same_rank, inline.
+                    found = None
+                    for source in operand_ids[node]:
+                        value = values[source]  # NO_NODE's slot is always empty
+                        if not value or ranks[source] != rank:
+                            continue
+                        if value.__class__ is not int:
+                            value = _flatten(value)
+                        found = value if found is None or found == value else found | value
+                    return _NONE if found is None else intern(found)
+            elif not through_dots and opcode in _DOTS:
                 return _NONE
             return intern(transfer(node, instruction))
 
