@@ -58,6 +58,8 @@ from typing import TYPE_CHECKING
 
 from hlo_doctor.graph import tpu_collectives
 from hlo_doctor.graph.collective_groups import GroupMode, _group_facts, group_mode, participant_groups
+from hlo_doctor.hlo.attr_cursor import parse_int_list
+from hlo_doctor.hlo.attr_metadata import parse_metadata
 from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 
 if TYPE_CHECKING:
@@ -74,6 +76,9 @@ _START_DONE = {
     "collective-permute-start": ("collective-permute", "collective-permute-done"),
 }
 _IS_SYNC = re.compile(r'"is_sync"\s*:\s*(true|false)')
+# What _describe reads of an op, in one pass over its line.
+_DESCRIBED = ("channel_id", "use_global_device_ids", "replica_groups", "source_target_pairs", "dimensions",
+              "backend_config", "metadata")
 
 
 class Form(str, Enum):
@@ -330,11 +335,13 @@ def _describe(
     memo: dict | None = None,
 ) -> Collective:
     kind = kind or op.opcode
-    channel_id = op.channel_id
-    global_ids = (op.attribute("use_global_device_ids") or "").strip() == "true"
+    # The op's attributes in one pass over its line (the group, channel and flag come first).
+    channel_text, global_text, replica_groups, pairs, dims_text, config, metadata_text = op.attributes_of(_DESCRIBED)
+    channel_id = int(channel_text) if channel_text is not None else None
+    global_ids = (global_text or "").strip() == "true"
     mode = group_mode(kind, channel_id, global_ids)
 
-    group_text = op.attribute("source_target_pairs" if kind == "collective-permute" else "replica_groups")
+    group_text = pairs if kind == "collective-permute" else replica_groups
     memo_key = (kind, mode, group_text, num_replicas, num_partitions)
     facts = memo.get(memo_key) if memo is not None else None
     if facts is None:
@@ -358,10 +365,17 @@ def _describe(
 
     dimension = None
     if kind in ("all-gather", "reduce-scatter", "all-to-all"):
-        dims = op.dimensions
+        dims = parse_int_list(dims_text) if dims_text is not None else None
         dimension = dims[0] if dims else None
 
-    metadata = outer.metadata or op.metadata
+    own_metadata = parse_metadata(metadata_text) if metadata_text is not None else None
+    own_sync = _sync_flag(config)
+    if outer is op:
+        metadata, is_sync = own_metadata, own_sync
+    else:
+        outer_sync = _is_sync(outer)
+        metadata = outer.metadata or own_metadata
+        is_sync = outer_sync if outer_sync is not None else own_sync
     return Collective(
         kind=kind,
         form=form,
@@ -378,7 +392,7 @@ def _describe(
         bytes_out_per_device=bytes_out,
         wire_bytes_per_device=wire,
         crosses_hosts=crosses,
-        is_sync=_is_sync(outer) if _is_sync(outer) is not None else _is_sync(op),
+        is_sync=is_sync,
         channel_id=channel_id,
         use_global_device_ids=global_ids,
         op_name=metadata.op_name if metadata is not None else None,
@@ -425,7 +439,11 @@ def _first_leaf_bytes(shape: Shape) -> int:
 
 
 def _is_sync(instruction: Instruction) -> bool | None:
-    config = instruction.backend_config
+    return _sync_flag(instruction.backend_config)
+
+
+def _sync_flag(config: str | None) -> bool | None:
+    """GPU's ``"is_sync"`` in a ``backend_config`` (None when absent)."""
     if not config:
         return None
     match = _IS_SYNC.search(config)
