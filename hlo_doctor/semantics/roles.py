@@ -117,6 +117,7 @@ class _Judge:
         self.data_mask = _mask(params.data)
         self.weight_mask = _mask(params.weights)
         self._ordered: dict[int, tuple[int, ...]] = {}
+        self._contracting: dict[int, bool] = {}  # matmul node -> whether it contracts a batch dim
         self._shared_ints: list[int] = []
 
     def ordered(self, bits: int) -> tuple[int, ...]:
@@ -326,24 +327,38 @@ class _Judge:
 
     def contracting_dot(self, key: NodeKey) -> str | None:
         """The nearest matmul upstream of ``key`` that contracts the batch dim of an operand."""
+        at = self.graph.instruction_at
+        for node, _ in self._walk(key, forward=False, limit=8):
+            if at[node].opcode in _DOTS and self._contracts_batch(node):
+                return at[node].name
+        return None
+
+    def _contracts_batch(self, node: int) -> bool:
+        """Whether the matmul ``node`` contracts the batch dim of an operand (judged once per
+        matmul: the gradient reductions of one layer walk up to the same ones)."""
+        found = self._contracting.get(node)
+        if found is None:
+            found = self._contracting[node] = self._judge_contracting(node)
+        return found
+
+    def _judge_contracting(self, node: int) -> bool:
         graph = self.graph
         at = graph.instruction_at
-        for node, _ in self._walk(key, forward=False, limit=8):
-            instruction = at[node]
-            if instruction.opcode not in _DOTS or len(instruction.operands) < 2:
-                continue
-            sides = graph.operand_ids[node][:2]
-            if NO_NODE in sides:
-                continue
-            try:
-                roles = dot_dims(instruction, at[sides[0]].shape.rank, at[sides[1]].shape.rank)
-            except (ValueError, KeyError, IndexError):
-                continue
-            for side, operand in enumerate(sides):
-                dims = self.batch.batch_dims(graph.keys[operand])
-                if any(d < len(roles.roles[side]) and roles.role(side, d).role == "contracting" for d in dims):
-                    return instruction.name
-        return None
+        instruction = at[node]
+        if len(instruction.operands) < 2:
+            return False
+        sides = graph.operand_ids[node][:2]
+        if NO_NODE in sides:
+            return False
+        try:
+            roles = dot_dims(instruction, at[sides[0]].shape.rank, at[sides[1]].shape.rank)
+        except (ValueError, KeyError, IndexError):
+            return False
+        for side, operand in enumerate(sides):
+            dims = self.batch.batch_dims(graph.keys[operand])
+            if any(d < len(roles.roles[side]) and roles.role(side, d).role == "contracting" for d in dims):
+                return True
+        return False
 
     def gradient_target(self, facts: CollectiveFacts, operand: OperandFacts) -> int | None:
         """The weight a reduced gradient updates, else the one weight of its shape.

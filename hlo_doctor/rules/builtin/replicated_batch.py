@@ -318,8 +318,18 @@ def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
     entry = module.entry
     candidates = list(entry.parameters()) if entry is not None else []
     candidates += [i for _, i in module.instructions() if i.opcode in _DOTS]
+    # The matmuls of a deep model share a few (sharding, rank) pairs: each is read once. A sharding
+    # is known by its object (one per text); the entry keeps it, so the id is never another's.
+    judged: dict[tuple[int, int], tuple[Sharding, set[str]]] = {}
     for instruction in candidates:
-        found |= _axes_of(instruction.sharding, instruction, mesh)
+        sharding = instruction.sharding
+        if sharding is None or instruction.shape.is_tuple:
+            continue
+        key = (id(sharding), instruction.shape.rank)
+        entry_for = judged.get(key)
+        if entry_for is None:
+            entry_for = judged[key] = (sharding, _axes_of(sharding, instruction, mesh))
+        found |= entry_for[1]
     return {a for a in found if mesh.axis_size(a) > 1}
 
 
