@@ -151,10 +151,10 @@ def test_start_done_form_in_gpu_after_optimizations_only(tmp_path):
 
 
 def test_reshape_keeps_merges_and_splits_the_batch_dim():
-    from hlo_doctor.rules._batch import _reshape
+    from hlo_doctor.graph.dim_maps import reshape_pairs
 
     batch = frozenset({(0, 0)})
-    assert _reshape(batch, (8, 128, 256), (8, 128, 4, 64)) == {(0, 0)}
-    assert _reshape(batch, (8, 128, 256), (1024, 256)) == {(0, 0)}  # merged with the sequence
-    assert _reshape(frozenset({(0, 0)}), (256, 512), (4, 64, 512)) == {(0, 1)}  # split: the largest piece
-    assert _reshape(frozenset({(0, 1)}), (4, 64, 64), (256, 64)) == {(0, 0)}
+    assert reshape_pairs(batch, (8, 128, 256), (8, 128, 4, 64)) == {(0, 0)}
+    assert reshape_pairs(batch, (8, 128, 256), (1024, 256)) == {(0, 0)}  # merged with the sequence
+    assert reshape_pairs(frozenset({(0, 0)}), (256, 512), (4, 64, 512)) == {(0, 1)}  # split: the largest piece
+    assert reshape_pairs(frozenset({(0, 1)}), (4, 64, 64), (256, 64)) == {(0, 0)}

@@ -76,6 +76,7 @@ from hlo_doctor.graph.dataflow_graph import (
     NodeKey,
 )
 from hlo_doctor.graph.dataflow_propagate import _CALLERS, bitset_interner, dataflow_order, propagate_forward, set_bits
+from hlo_doctor.graph.dim_maps import DimMaps
 
 __all__ = [
     "NO_NODE",
@@ -165,7 +166,8 @@ def _build(module: HloModule) -> DataflowGraph:
         for instruction in computation.instructions:
             if instruction.opcode in _CALLERS:
                 _link_called(cname, instruction, add, root_of, params_of)
-    return DataflowGraph(module, spans, instruction_at, operand_ids, user_ids, calls_into, calls_out_of, ids)
+    return DataflowGraph(module, spans, instruction_at, operand_ids, user_ids, calls_into, calls_out_of, ids,
+                         DimMaps())
 
 
 def _id(ids: dict[str, dict[str, int]], key: NodeKey) -> int | None:

@@ -20,6 +20,8 @@ from hlo_doctor.hlo.ir import (
 if TYPE_CHECKING:
     import networkx as nx
 
+    from hlo_doctor.graph.dim_maps import DimMap, DimMaps
+
 from hlo_doctor.graph.dataflow_propagate import dataflow_order, set_bits
 from hlo_doctor.graph.parameter_bits import ParameterBits
 
@@ -158,6 +160,7 @@ class DataflowGraph:
         calls_into: dict[int, list[tuple[int, str]]],
         calls_out_of: dict[int, list[tuple[int, str]]],
         ids: dict[str, dict[str, int]],
+        dim_maps: DimMaps,
     ) -> None:
         self.module = module
         self._spans = spans
@@ -168,6 +171,7 @@ class DataflowGraph:
         self.calls_out_of = calls_out_of
         self._ids = ids
         self._params: ParameterBits | None = None
+        self._dim_maps = dim_maps
 
     # ---- ids -----------------------------------------------------------
     @cached_property
@@ -356,6 +360,12 @@ class DataflowGraph:
                 seen.add(node)
                 stack.extend(step(node))
         return seen
+
+    # ---- how ops move dims ------------------------------------------------
+    def dim_map(self, node: int) -> DimMap | None:
+        """Per operand of node ``node``, the output dim each of its dims goes to (-1: none); None
+        for an op with no such map (see :mod:`hlo_doctor.graph.dim_maps`). Made once per node."""
+        return self._dim_maps.of(self, node)
 
     # ---- entry parameters a value derives from ------------------------
     def entry_parameters(self, key: NodeKey) -> frozenset[int]:

@@ -11,16 +11,15 @@ import ast
 import dataclasses
 from collections.abc import Iterable
 
+from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.rules._suggest import argument_name
 from hlo_doctor.rules.base import Finding, SourceRef
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.batch_dims import (  # noqa: F401 - re-exported for the rules
-    _DOTS,
     BatchAnalysis,
     _Propagation,
-    _reshape,
     analyze_batch,
     buffer_donors,
     parameter_sharding,
@@ -148,7 +147,7 @@ def torch_module_source(ctx: RuleContext, module: HloModule, dot: Instruction) -
             if isinstance(call, dict) and str(call.get("module_class", "")).rsplit(".", 1)[-1] == cls:
                 mine.extend([call] * int(call.get("count") or 1))
         dots = [i for _, i in module.instructions()
-                if i.opcode in _DOTS and i.metadata is not None and i.metadata.op_type in ops]
+                if i.opcode in DOTS and i.metadata is not None and i.metadata.op_type in ops]
         if not mine or len(dots) != len(mine) or dot not in dots:
             return None
         call = mine[dots.index(dot)]

@@ -36,21 +36,19 @@ from functools import cached_property
 
 from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
+from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
-from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _DOTS, _reshape: re-exported (rules/_batch reads them here)
-    _DOTS,
+from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _Propagation: re-exported (rules/_batch reads it here)
     PairBits,
     Pairs,
     PairValues,
     _Propagation,
-    _reshape,
-    roles_map,
 )
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "parameter_sharding", "roles_map"]
+__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "parameter_sharding"]
 
 _DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
@@ -256,7 +254,7 @@ def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], 
         if len(found) == len(candidates):
             break
         instruction = instruction_at[node]
-        if instruction.opcode not in _DOTS or len(instruction.operands) < 2:
+        if instruction.opcode not in DOTS or len(instruction.operands) < 2:
             continue
         lhs, rhs = graph.operand_ids[node][:2]
         if NO_NODE in (lhs, rhs):

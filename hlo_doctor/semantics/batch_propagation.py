@@ -10,7 +10,6 @@ nodes x layers. :class:`PairValues` gives them back as sets of pairs when read.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
 
 from hlo_doctor.graph.dataflow import (
     NO_NODE,
@@ -21,11 +20,11 @@ from hlo_doctor.graph.dataflow import (
     propagate_forward,
     set_bits,
 )
-from hlo_doctor.graph.dots import dot_dims
+from hlo_doctor.graph.dim_maps import DOTS, MAPPED
 from hlo_doctor.hlo.attributes import parse_int_list
-from hlo_doctor.hlo.ir import Instruction, Shape
+from hlo_doctor.hlo.ir import Instruction
 
-__all__ = ["PairBits", "PairValues", "Pairs", "roles_map"]
+__all__ = ["PairBits", "PairValues", "Pairs"]
 
 # Ops whose value carries no dims of its operands.
 _SOURCES = frozenset({"constant", "iota", "partition-id", "replica-id", "rng", "rng-bit-generator",
@@ -34,9 +33,6 @@ _CALLERS = frozenset({"fusion", "while", "call", "conditional", "async-done"})
 _DONE = frozenset({"all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done", "send-done",
                    "recv-done"})
 _START = frozenset({"all-gather-start", "all-reduce-start", "collective-permute-start", "copy-start"})
-_DOTS = frozenset({"dot", "convolution"})
-# Ops whose one array operand's dims move to output dims by a fixed map.
-_MAPPED = frozenset({"transpose", "broadcast", "reshape", "bitcast", "dynamic-reshape", "reduce"})
 _MISSING = object()
 # Ops whose array value keeps the positions of its operands of the same rank.
 _SIMPLE = frozenset({
@@ -208,7 +204,7 @@ class _Propagation:
                             value = _flatten(value)
                         found = value if found is None or found == value else found | value
                     return _NONE if found is None else intern(found)
-            elif not through_dots and opcode in _DOTS:
+            elif not through_dots and opcode in DOTS:
                 return _NONE
             return intern(transfer(node, instruction))
 
@@ -218,42 +214,6 @@ class _Propagation:
 
 def _array(value) -> int:
     return value if value.__class__ is int else _flatten(value)
-
-
-@lru_cache(maxsize=8192)
-def _cached_map(key: tuple) -> tuple[tuple[int, ...], ...]:
-    """The dim map of an op by what determines it (see _Transfer._dim_maps): a module repeats a few kinds of op."""
-    return roles_map(key[1]) if key[0] == "dot" else _dim_map(key)
-
-
-def roles_map(roles) -> tuple[tuple[int, ...], ...]:
-    """Per dot operand: the output dim of each free or batch dim, -1 for the others."""
-    return tuple(
-        tuple(r.output_dim if r.role in ("free", "batch") and r.output_dim is not None else -1 for r in side)
-        for side in roles.roles
-    )
-
-
-def _dim_map(key: tuple) -> tuple[tuple[int, ...], ...]:
-    opcode = key[0]
-    if opcode == "transpose":
-        _, perm, rank = key
-        return (tuple(perm.index(d) if d in perm else -1 for d in range(rank)),)
-    if opcode == "broadcast":
-        _, dims, rank = key
-        return (tuple(dims[d] if d < len(dims) else -1 for d in range(rank)),)
-    if opcode == "reduce":
-        _, reduced, rank = key
-        kept = [d for d in range(rank) if d not in reduced]
-        return (tuple(kept.index(d) if d in kept else -1 for d in range(rank)),)
-    # reshape / bitcast: follow each dim alone through the general rule
-    if opcode == "bitcast":
-        _, before, after = key
-        moved = [_bitcast(frozenset({(0, d)}), before, after) for d in range(before.rank)]
-    else:
-        _, before_dims, after_dims = key
-        moved = [_reshape(frozenset({(0, d)}), before_dims, after_dims) for d in range(len(before_dims))]
-    return (tuple(next(iter(out))[1] if out else -1 for out in moved),)
 
 
 class _Transfer:
@@ -268,46 +228,10 @@ class _Transfer:
         self.instruction_at = graph.instruction_at
         self.ranks = graph.ranks
         self.calls_into = graph.calls_into
-        # Per node, how its operand's dims map to its own (see _dim_map), made once and
-        # kept across runs.
-        self.maps: dict[int, tuple[tuple[int, ...], ...] | None] = {}
 
     def apply(self, mapping: tuple[int, ...], source: int) -> int:
         """``source``'s pairs with dim ``d`` moved to ``mapping[d]`` (dropped where -1)."""
         return self.coding.move(mapping, source) if source else _NONE
-
-    def dim_maps(self, node: int, instruction: Instruction) -> tuple[tuple[int, ...], ...] | None:
-        try:
-            return self.maps[node]
-        except KeyError:
-            found = self.maps[node] = self._dim_maps(instruction, self.operand_ids[node])
-            return found
-
-    def _dim_maps(self, instruction: Instruction, sources: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
-        """Per operand (one; two for a dot), where each of its dims goes in the output (-1: nowhere)."""
-        opcode = instruction.opcode
-        if not sources or NO_NODE in sources[:2]:
-            return None
-        operand = self.instruction_at[sources[0]].shape
-        if operand.is_tuple:
-            return None
-        rank = operand.rank
-        if opcode in _DOTS:
-            if len(sources) < 2:
-                return None
-            rhs = self.instruction_at[sources[1]].shape
-            try:
-                roles = dot_dims(instruction, rank, rhs.rank)
-            except (ValueError, IndexError, KeyError):
-                return None
-            key: tuple = ("dot", roles)
-        elif opcode in ("transpose", "broadcast", "reduce"):
-            key = (opcode, instruction.dimensions or (), rank)
-        elif opcode == "bitcast":
-            key = (opcode, operand, instruction.shape)
-        else:
-            key = (opcode, operand.dims, instruction.shape.dims)
-        return _cached_map(key)
 
     def joined(self, node: int, kinds: frozenset[str]):
         value = _NONE
@@ -328,17 +252,17 @@ class _Transfer:
                 # slices, pads, concatenates, selects), as any other op at the end.
                 return self.same_rank(sources, rank)
         shape = instruction.shape
-        if opcode in _DOTS:
-            maps = self.dim_maps(node, instruction)
+        if opcode in DOTS:
+            maps = self.graph.dim_map(node)
             if maps is None:
                 return _NONE
             lhs, rhs = self.apply(maps[0], _array(values[sources[0]])), self.apply(maps[1], _array(values[sources[1]]))
             return lhs | rhs if lhs and rhs else lhs or rhs
-        if opcode in _MAPPED and not shape.is_tuple:
+        if opcode in MAPPED and not shape.is_tuple:
             source = _array(values[sources[0]]) if sources else _NONE
             if not source:
                 return _NONE
-            maps = self.dim_maps(node, instruction)
+            maps = self.graph.dim_map(node)
             return _NONE if maps is None else self.apply(maps[0], source)
         if opcode in _SOURCES:
             return _NONE
@@ -366,7 +290,7 @@ class _Transfer:
                 value = _array(values[sources[i]]) if i < len(sources) else _NONE
                 elements.append(self.coding.keep(value, leaf.rank) if not leaf.is_tuple else _NONE)
             if opcode == "reduce":
-                maps = self.dim_maps(node, instruction)
+                maps = self.graph.dim_map(node)
                 return tuple(_NONE if maps is None else self.apply(maps[0], e) for e in elements)
             return tuple(elements)
         source = _array(values[sources[0]]) if sources else _NONE
@@ -406,59 +330,3 @@ class _Transfer:
             for d in range(indices.rank)
         )
         return self.apply(mapping, _array(self.values[sources[1]]))
-
-
-def _reshape(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]) -> Pairs:
-    out: set = set()
-    for before_dims, after_dims in _reshape_groups(before, after):
-        if len(before_dims) > 1 and len(after_dims) > 1:
-            continue  # dims regrouped: no dim survives
-        if len(after_dims) == 1:
-            target = after_dims[0]  # kept, or merged into one dim that now holds the batch
-        else:
-            target = max(after_dims, key=lambda e: (after[e], -e))  # split: the largest piece
-        out.update((p, target) for p, d in source if d in before_dims)
-    return frozenset(out)
-
-
-def _bitcast(source: Pairs, before: Shape, after: Shape) -> Pairs:
-    """A bitcast reshapes the physical (major-to-minor) dims: it may also transpose the logical ones."""
-    major_before, major_after = _major_to_minor(before), _major_to_minor(after)
-    if major_before is None or major_after is None:
-        return _reshape(source, before.dims, after.dims)
-    physical = frozenset((p, major_before.index(d)) for p, d in source if d in major_before)
-    moved = _reshape(physical, tuple(before.dims[d] for d in major_before), tuple(after.dims[d] for d in major_after))
-    return frozenset((p, major_after[e]) for p, e in moved)
-
-
-def _major_to_minor(shape: Shape) -> tuple[int, ...] | None:
-    layout = shape.layout
-    if layout is None or len(layout.minor_to_major) != shape.rank:
-        return None
-    return tuple(reversed(layout.minor_to_major))
-
-
-def _reshape_groups(before: tuple[int, ...], after: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-    """The smallest runs of input and output dims with equal element counts."""
-    groups: list[tuple[list[int], list[int]]] = []
-    i = j = 0
-    while i < len(before) and j < len(after):
-        gi, gj = [i], [j]
-        pa, pb = before[i], after[j]
-        i += 1
-        j += 1
-        while pa != pb:
-            if pa < pb:
-                if i >= len(before):
-                    return groups
-                pa *= before[i]
-                gi.append(i)
-                i += 1
-            else:
-                if j >= len(after):
-                    return groups
-                pb *= after[j]
-                gj.append(j)
-                j += 1
-        groups.append((gi, gj))
-    return groups
