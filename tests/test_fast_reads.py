@@ -150,3 +150,19 @@ def test_scan_path_agrees_with_the_split_on_every_corpus_attribute() -> None:
                     disagree.append(f"{path.name}: {instruction.name} {keys} in one pass")
     assert reads > 100_000
     assert not disagree, disagree[:5]
+
+
+def test_the_entry_line_is_found_where_the_multi_line_regex_finds_it() -> None:
+    """parse_entry_parameters finds the ENTRY line with str.find; ``^ENTRY[ \\t]`` (re.M) is the definition."""
+    import random
+    import re
+
+    from hlo_doctor.hlo.parser import _entry_line_start
+
+    definition = re.compile(r"^ENTRY[ \t]", re.M)
+    rng = random.Random(0)
+    texts = ["ENTRY e {", "ENTRYx\nENTRY\tf", "x\nENTRY", "", "ENTRY", "ENTRY\nENTRY e", "x\nENTRYENTRY e\nENTRY\te"]
+    texts += ["".join(rng.choice(["ENTRY", "\n", " ", "\t", "x"]) for _ in range(rng.randint(0, 8))) for _ in range(5000)]
+    for text in texts:
+        found = definition.search(text)
+        assert _entry_line_start(text) == (found.start() if found else -1), repr(text)
