@@ -291,10 +291,16 @@ class Parser(AsyncSugarReader):
                 literal = operand_text
                 operands = ()
             elif operand_text:
-                if "/" in operand_text:
-                    operand_text = fast_path.BLOCK_COMMENT.sub("", operand_text)
                 # An operand is the defining instruction's own name string, not a copy.
-                operands = tuple([d.name if (d := defined(o)) is not None else o for o in operand_names(operand_text)])
+                if "," not in operand_text and "/" not in operand_text:
+                    # one bare operand (the line regex allows one leading '%'): half the lines
+                    one = operand_text[1:] if operand_text[0] == "%" else operand_text
+                    operands = ((d.name if (d := defined(one)) is not None else one),)
+                else:
+                    if "/" in operand_text:
+                        operand_text = fast_path.BLOCK_COMMENT.sub("", operand_text)
+                    operands = tuple([d.name if (d := defined(o)) is not None else o
+                                      for o in operand_names(operand_text)])
             else:
                 operands = ()
             is_root = root is not None
