@@ -166,3 +166,28 @@ def test_the_entry_line_is_found_where_the_multi_line_regex_finds_it() -> None:
     for text in texts:
         found = definition.search(text)
         assert _entry_line_start(text) == (found.start() if found else -1), repr(text)
+
+
+def test_a_position_counted_is_the_position_indexed() -> None:
+    """The first few positions are counted (no line index): they must be what the index gives."""
+    from hlo_doctor.hlo.ir import ModuleText
+
+    text = "HloModule m\n\nENTRY %e {\n  %p = f32[2] parameter(0)\n\n  ROOT %r = f32[2] negate(%p)\n}\n"
+    indexed = ModuleText(text)
+    indexed._newline_index()
+    for offset in range(len(text) + 1):
+        assert ModuleText(text).position(offset) == indexed.position(offset), offset
+    counted = ModuleText(text)
+    assert [counted.position(o) for o in range(len(text))] == [indexed.position(o) for o in range(len(text))]
+    assert counted._newlines is not None  # after a few, the index is made
+
+
+def test_sorted_parameters_are_made_once_and_handed_out_as_new_lists() -> None:
+    module = parse_module("HloModule m\n\nENTRY %e {\n  %b = f32[] parameter(1)\n  %a = f32[] parameter(0)\n"
+                          "  ROOT %s = f32[] add(%a, %b)\n}\n")
+    entry = module.entry
+    assert entry is not None
+    first = entry.parameters()
+    assert [p.name for p in first] == ["a", "b"]
+    first.clear()
+    assert [p.name for p in entry.parameters()] == ["a", "b"] and entry.sorted_parameters is not None

@@ -129,7 +129,7 @@ class ModuleText:
 
     __slots__ = (
         "text", "path", "frame_tables", "split_attributes", "scan_attribute", "scan_attributes", "_newlines",
-        "_split_offset", "_split_pairs",
+        "_positions_asked", "_split_offset", "_split_pairs",
     )
 
     def __init__(
@@ -153,6 +153,7 @@ class ModuleText:
         self.scan_attributes = scan_attributes
         self.frame_tables: StackFrameTables | None = None
         self._newlines: list[int] | None = None
+        self._positions_asked = 0
         # The last instruction whose attribute text was split here (its offset) and the pairs: an
         # analysis often reads several attributes of one instruction in a row, and the fast path
         # keeps no split pairs (they would double the IR's memory).
@@ -207,22 +208,33 @@ class ModuleText:
         return text[start : end if end != -1 else len(text)].rstrip(" \t\r")
 
     def position(self, offset: int) -> Position:
+        newlines = self._newlines
+        if newlines is None:
+            self._positions_asked += 1
+            if self._positions_asked <= _COUNTED_POSITIONS:
+                # A few positions (a run's findings) are counted, without indexing every line.
+                text = self.text
+                return Position(text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset))
+            newlines = self._newline_index()
+        line = bisect_right(newlines, offset - 1)
+        line_start = newlines[line - 1] + 1 if line else 0
+        return Position(line + 1, offset - line_start + 1)
+
+    def _newline_index(self) -> list[int]:
         if self._newlines is None:
             self._newlines = [m.start() for m in _NEWLINE.finditer(self.text)]
-        line = bisect_right(self._newlines, offset - 1)
-        line_start = self._newlines[line - 1] + 1 if line else 0
-        return Position(line + 1, offset - line_start + 1)
+        return self._newlines
 
     def line_text(self, line: int) -> str:
         """The text of 1-based ``line``, without its newline."""
-        self.position(0)
-        assert self._newlines is not None
-        start = self._newlines[line - 2] + 1 if line > 1 else 0
-        end = self._newlines[line - 1] if line - 1 < len(self._newlines) else len(self.text)
+        newlines = self._newline_index()
+        start = newlines[line - 2] + 1 if line > 1 else 0
+        end = newlines[line - 1] if line - 1 < len(newlines) else len(self.text)
         return self.text[start:end]
 
 
 _NEWLINE = re.compile("\n")
+_COUNTED_POSITIONS = 8  # positions read by counting newlines before the text's newlines are indexed
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +423,8 @@ class Computation:
     parameter_shapes: tuple[Shape, ...] = ()
     execution_thread: str | None = None
     by_name: Mapping[str, Instruction] = field(default_factory=dict, compare=False, repr=False)
+    # The parameters sorted, once asked for (analyses ask it of the entry again and again).
+    sorted_parameters: tuple[Instruction, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def root(self) -> Instruction | None:
@@ -420,9 +434,13 @@ class Computation:
         return self.instructions[-1] if self.instructions else None
 
     def parameters(self) -> list[Instruction]:
-        """Parameters ordered by their parameter number."""
-        params = [i for i in self.instructions if i.opcode == "parameter"]
-        return sorted(params, key=lambda i: i.parameter_number or 0)
+        """Parameters ordered by their parameter number (a new list each call; sorted once)."""
+        found = self.sorted_parameters
+        if found is None:
+            params = [i for i in self.instructions if i.opcode == "parameter"]
+            found = tuple(sorted(params, key=lambda i: i.parameter_number or 0))
+            object.__setattr__(self, "sorted_parameters", found)  # memoize
+        return list(found)
 
     def get(self, name: str) -> Instruction | None:
         return self.by_name.get(name)

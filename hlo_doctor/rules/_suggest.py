@@ -180,6 +180,22 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
 _MESH_BUILDERS = ("Mesh", "make_mesh", "HybridMesh", "DeviceMesh", "create_device_mesh", "create_hybrid_device_mesh")
 
 
+@functools.lru_cache(maxsize=32)
+def _mesh_bindings(tree: ast.Module) -> tuple[frozenset[str], tuple[ast.FunctionDef | ast.AsyncFunctionDef, ...]]:
+    """The names a mesh construction is bound to anywhere in the program, and its functions
+    (one walk of the program, not one per finding)."""
+    bound = frozenset(t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                      and call_name(n.value) in _MESH_BUILDERS for t in n.targets if isinstance(t, ast.Name))
+    functions = tuple(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return bound, functions
+
+
+@functools.lru_cache(maxsize=256)
+def _assigned_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
+    return frozenset(t.id for n in ast.walk(function) if isinstance(n, ast.Assign) for t in n.targets
+                     if isinstance(t, ast.Name))
+
+
 def mesh_expression(source_file: str | None, line: int | None) -> str | None:
     """How code on ``line`` names the program's mesh: a variable a mesh construction is bound to in
     an enclosing function or the module (``mesh``), a parameter of the enclosing function named
@@ -188,16 +204,13 @@ def mesh_expression(source_file: str | None, line: int | None) -> str | None:
     tree = parsed_program(source_file)
     if tree is None or line is None:
         return None
-    bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-             and call_name(n.value) in _MESH_BUILDERS for t in n.targets if isinstance(t, ast.Name)}
+    bound, functions = _mesh_bindings(tree)
     if not bound:
         return None
-    chain = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)
+    chain = sorted((n for n in functions if n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)
     for function in chain:
         names = {a.arg for a in function.args.args + function.args.kwonlyargs}
-        names |= {t.id for n in ast.walk(function) if isinstance(n, ast.Assign) for t in n.targets
-                  if isinstance(t, ast.Name)}
+        names |= _assigned_names(function)
         if names & bound:
             return sorted(names & bound)[0]
     module_level = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}

@@ -29,7 +29,7 @@ from hlo_doctor.dump import Role
 from hlo_doctor.graph.collectives import Collective, find_collectives
 from hlo_doctor.graph.dataflow import DataflowGraph, build_graph
 from hlo_doctor.graph.mesh import dim_axes
-from hlo_doctor.hlo.ir import HloModule
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts, collective_facts
 from hlo_doctor.semantics.cost import CostModel
@@ -75,7 +75,20 @@ class ModuleSemantics:
         module, graph = self.view.per_device, self.view.graph
         if module is None or graph is None:
             return ()
-        return collective_facts(module, graph, self.view.collectives, self.view.device_map, self.executions)
+        return collective_facts(module, graph, self.view.collectives, self.view.device_map, self.executions,
+                                self.users)
+
+    def users(self, computation: Computation) -> dict[str, list[Instruction]]:
+        """:meth:`~hlo_doctor.hlo.ir.Computation.users` of a per-device computation, made once
+        for every analysis and rule that asks."""
+        found = self._users.get(computation.name)
+        if found is None:
+            found = self._users[computation.name] = computation.users()
+        return found
+
+    @cached_property
+    def _users(self) -> dict[str, dict[str, list[Instruction]]]:
+        return {}
 
     @cached_property
     def parameters(self) -> EntryParameters | None:

@@ -20,12 +20,13 @@ the rules need and used to rebuild each on its own:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.graph.dataflow import DataflowGraph, NodeKey
 from hlo_doctor.graph.devices import DeviceMap
-from hlo_doctor.hlo.ir import HloModule, Instruction, Shape
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Shape
 from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 from hlo_doctor.semantics.execution import Executions
 
@@ -108,19 +109,18 @@ def collective_facts(
     collectives: tuple[Collective, ...],
     device_map: DeviceMap,
     executions: dict[str, Executions],
+    users_of: Callable[[Computation], dict[str, list[Instruction]]] = Computation.users,
 ) -> tuple[CollectiveFacts, ...]:
-    """The facts of every collective found in ``module``, in the finder's order."""
+    """The facts of every collective found in ``module``, in the finder's order. ``users_of`` gives a
+    computation's users by value name (:meth:`~hlo_doctor.hlo.ir.Computation.users`, perhaps kept)."""
     scheduled = (module.attribute("is_scheduled") or "").strip() == "true"
-    users_of: dict[str, dict[str, list[Instruction]]] = {}
     positions: dict[str, dict[str, int]] = {}
     out = []
     for op in collectives:
         computation = module.computation(op.computation)
         if computation is None:
             continue
-        users = users_of.get(computation.name)
-        if users is None:
-            users = users_of[computation.name] = computation.users()
+        users = users_of(computation)
         start = computation.get(op.instruction)
         if start is None:
             continue

@@ -120,12 +120,7 @@ class ReshardChurn(Rule):
         collectives = ctx.collectives
         if not collectives:
             return
-        cache: dict[str, dict[str, list[Instruction]]] = {}
-
-        def users_of(computation: Computation) -> dict[str, list[Instruction]]:
-            if computation.name not in cache:
-                cache[computation.name] = computation.users()
-            return cache[computation.name]
+        users_of = ctx.semantics.users
 
         steps: dict[str, _Reshard] = {}
         gathers: dict[tuple[str, str], Collective] = {}  # (computation, operand) -> all-gather
