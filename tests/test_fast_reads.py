@@ -191,3 +191,29 @@ def test_sorted_parameters_are_made_once_and_handed_out_as_new_lists() -> None:
     assert [p.name for p in first] == ["a", "b"]
     first.clear()
     assert [p.name for p in entry.parameters()] == ["a", "b"] and entry.sorted_parameters is not None
+
+
+@pytest.mark.corpus
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/xla-hlo is absent")
+def test_attribute_of_each_is_attribute_read_one_at_a_time_on_the_corpus() -> None:
+    from hlo_doctor.hlo.ir import attribute_of_each
+
+    disagree, reads = [], 0
+    for path in corpus_files("valid"):
+        try:
+            module = parse_module(path.read_text(), path=str(path))
+        except ParseError:
+            continue
+        for computation in module.computations:
+            for key in ("sharding", "dimensions", "metadata", "to_apply", "not_an_attribute"):
+                try:
+                    expected = [instruction.attribute(key) for instruction in computation.instructions]
+                except ParseError:
+                    continue
+                for instruction in computation.instructions:
+                    instruction.origin._split_offset = -1
+                reads += len(expected)
+                if attribute_of_each(computation.instructions, key) != expected:
+                    disagree.append(f"{path.name}: {computation.name} {key}")
+    assert reads > 100_000
+    assert not disagree, disagree[:5]

@@ -352,13 +352,21 @@ class DataflowGraph:
     def reach_ids(self, starts: Iterable[int], *, forward: bool) -> set[int]:
         """Ids reachable (one or more steps) from any of ``starts``, along or against the edges."""
         step = self.targets_of if forward else self.sources_of
-        seen: set[int] = set()
+        # The rows themselves in the walk (a whole graph's worth of nodes): the same steps as
+        # ``step``, without a list made per node. An operand row's NO_NODE is never followed.
+        rows = self.user_ids if forward else self.operand_ids
+        cross = self.calls_out_of if forward else self.calls_into
+        seen: set[int] = {NO_NODE}
         stack = [node for start in starts for node in step(start)]
         while stack:
             node = stack.pop()
             if node not in seen:
                 seen.add(node)
-                stack.extend(step(node))
+                stack.extend(rows[node])
+                more = cross.get(node)
+                if more:
+                    stack.extend([target for target, _ in more])
+        seen.discard(NO_NODE)
         return seen
 
     # ---- how ops move dims ------------------------------------------------

@@ -66,6 +66,7 @@ __all__ = [
     "StackFrameTables",
     "SubgroupType",
     "TileAssignment",
+    "attribute_of_each",
     "called_computation_names",
     "split_mesh_axes",
     "transpose_devices",
@@ -382,6 +383,30 @@ class Instruction:
                 metadata.source_file, metadata.source_line, None, metadata.source_column, (frame,)
             )
         return None
+
+
+def attribute_of_each(instructions: Iterable[Instruction], key: str) -> list[str | None]:
+    """``[i.attribute(key) for i in instructions]``, read in one loop: each line's attribute text is
+    scanned without the calls a read makes one at a time (a rule reading every value's sharding)."""
+    found: list[str | None] = []
+    append = found.append
+    wanted = key + "="
+    for instruction in instructions:
+        raw = instruction.raw_attributes
+        origin = instruction.origin
+        if raw.__class__ is not int or instruction.offset == origin._split_offset:
+            append(instruction.attribute(key))
+            continue
+        text = origin.text
+        begin = instruction.offset + raw
+        end = text.find("\n", begin)
+        line = (text[begin:] if end == -1 else text[begin:end]).rstrip(" \t\r")
+        if wanted not in line:
+            append(None)
+            continue
+        known, value = origin.scan_attribute(line, key)
+        append(value if known else instruction.attribute(key))
+    return found
 
 
 _FIELDS = ("name", "opcode", "shape", "operands", "offset", "origin", "is_root", "raw_attributes", "called",

@@ -134,19 +134,26 @@ class NonBatchDimSharding(Rule):
                 found = self._judge(analysis, computation.name, instruction)
                 if found is not None:
                     judged.append((computation.name, instruction, found))
+        if not judged:
+            return
         names = ctx.partitioned_names([(c, i.name) for c, i, _ in judged])
         # torch_xla: the modules (runner-recorded paths) whose dots are judged, for a fix on each layer at once
         paths = frozenset(p for _, i, _ in judged if (p := module_path_of(i)) is not None)
+        executions = execution_counts(module)
         for computation, instruction, found in judged:
+            times = executions[computation].count if computation in executions else 1
             yield self._finding(ctx, analysis, computation, instruction, names.get((computation, instruction.name)),
-                                paths, *found)
+                                paths, times, found)
 
     def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
         key = (computation, dot.name)
+        batch_dims = analysis.batch_dims(key)
+        if not batch_dims:
+            return None  # its sharding is not even read
         out_tiles = _tiles(dot.sharding, dot.shape.rank)
         if out_tiles is None:
             return None
-        for dim, param in analysis.batch_dims(key).items():
+        for dim, param in batch_dims.items():
             if out_tiles[dim] != 1:
                 continue
             sharded = [d for d, t in enumerate(out_tiles) if t > 1 and d != dim]
@@ -166,9 +173,11 @@ class NonBatchDimSharding(Rule):
         return None
 
     def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction,
-                 partitioned_name: str | None, module_paths: frozenset[str],
-                 batch_dim: int, param: int, sharded: list[int], operand: Instruction, in_dim: int,
-                 in_shards: int) -> Finding:
+                 partitioned_name: str | None, module_paths: frozenset[str], times: int,
+                 judged: tuple[int, int, list[int], Instruction, int, int]) -> Finding:
+        """The finding of one judged dot (``times``: its executions per step; ``judged``: what
+        :meth:`_judge` found)."""
+        batch_dim, param, sharded, operand, in_dim, in_shards = judged
         mesh = ctx.mesh
         per_dim = dim_axes(dot.sharding, dot.shape.rank, mesh) if mesh is not None else None
         tiles = _tiles(dot.sharding, dot.shape.rank) or ()
@@ -182,8 +191,6 @@ class NonBatchDimSharding(Rule):
         spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
         name = partitioned_name or dot.name
-        executions = execution_counts(analysis.module).get(computation)
-        times = executions.count if executions is not None else 1
         message = (
             f"{dot.opcode} {dot.name} ({dot.shape}) leaves its batch dimension {batch_dim} replicated and "
             f"shards {where}, although its input {operand.name} is batch-sharded {in_shards} ways "

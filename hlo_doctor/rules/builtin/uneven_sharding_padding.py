@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from math import gcd
 
 from hlo_doctor.graph.sharding import layouts
-from hlo_doctor.hlo.ir import Computation, Instruction, ShardingKind
+from hlo_doctor.hlo.ir import Computation, Instruction, ShardingKind, attribute_of_each
 from hlo_doctor.rules._suggest import constraint_code, round_up
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -94,16 +94,19 @@ class UnevenShardingPadding(Rule):
         judged: dict[tuple[str, int], tuple[tuple[int, int, int, int, tuple[int, ...]], ...]] = {}
         too_small: dict[int, bool] = {}  # shape -> whether it is under min_bytes (every leaf is)
         min_bytes = self.options.min_bytes
-        for _, instruction in module.instructions():
-            shape = instruction.shape
-            small = too_small.get(id(shape))
-            if small is None:
-                small = too_small[id(shape)] = shape.byte_size < min_bytes
-            if small:
-                continue  # its sharding is not even read
-            text = instruction.attribute("sharding")
+        values = []
+        for computation in module.computations:
+            for instruction in computation.instructions:
+                shape = instruction.shape
+                small = too_small.get(id(shape))
+                if small is None:
+                    small = too_small[id(shape)] = shape.byte_size < min_bytes
+                if not small:  # the sharding of a small one is not even read
+                    values.append(instruction)
+        for instruction, text in zip(values, attribute_of_each(values, "sharding"), strict=True):
             if text is None:
                 continue
+            shape = instruction.shape
             key = (text, id(shape))
             found = judged.get(key)
             if found is None:
