@@ -292,10 +292,16 @@ class Parser(AsyncSugarReader):
                 operands = ()
             elif operand_text:
                 # An operand is the defining instruction's own name string, not a copy.
-                if "," not in operand_text and "/" not in operand_text:
+                commas = operand_text.count(",")
+                if commas == 0 and "/" not in operand_text:
                     # one bare operand (the line regex allows one leading '%'): half the lines
                     one = operand_text[1:] if operand_text[0] == "%" else operand_text
                     operands = ((d.name if (d := defined(one)) is not None else one),)
+                elif commas == 1 and "/" not in operand_text and ", %" in operand_text and operand_text[0] == "%":
+                    # two, as XLA prints them: most of the rest
+                    first, second = operand_text[1:].split(", %")
+                    operands = ((d.name if (d := defined(first)) is not None else first),
+                                (e.name if (e := defined(second)) is not None else second))
                 else:
                     if "/" in operand_text:
                         operand_text = fast_path.BLOCK_COMMENT.sub("", operand_text)
