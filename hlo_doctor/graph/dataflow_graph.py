@@ -90,6 +90,12 @@ class IdRows:
     def __len__(self) -> int:
         return len(self._starts) - 1
 
+    @property
+    def arrays(self) -> tuple[array[int], array[int]]:
+        """The flat ids and the row starts (row ``i`` is ``flat[starts[i]:starts[i + 1]]``), for a
+        loop over many rows that should not make a tuple per row."""
+        return self._flat, self._starts
+
     def __getitem__(self, node: int) -> tuple[int, ...]:
         starts = self._starts
         if node < 0:

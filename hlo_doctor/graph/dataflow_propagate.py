@@ -152,6 +152,10 @@ def propagate_forward(
     """
     position = graph.dataflow_position
     targets_of = graph.targets_of
+    # A changed value's users, read from the flat rows (a tuple and a list per node would be
+    # most of the loop's cost); its cross-computation targets from calls_out_of.
+    user_flat, user_starts = graph.user_ids.arrays
+    calls_out_of = graph.calls_out_of
     count = len(graph.instruction_at)
     if start is None:
         dirty = bytearray(b"\x01") * count
@@ -169,11 +173,19 @@ def propagate_forward(
         if new != values[node]:
             values[node] = new
             here = position[node]
-            for target in targets_of(node):
+            for index in range(user_starts[node], user_starts[node + 1]):
+                target = user_flat[index]
                 if position[target] > here:
                     dirty[target] = 1
                 else:
                     back.add(target)
+            extra = calls_out_of.get(node)
+            if extra:
+                for target, _ in extra:
+                    if position[target] > here:
+                        dirty[target] = 1
+                    else:
+                        back.add(target)
     heap = [(position[node], node) for node in back]
     heapq.heapify(heap)
     while heap:
