@@ -160,11 +160,12 @@ def find_collectives(
     wrapped_roots: set[tuple[str, str]] = set()  # (computation, instruction) reported via async-start
     for computation in hlo_module.computations:
         for instruction in computation.instructions:
-            if instruction.opcode == "async-start":
+            opcode = instruction.opcode
+            if opcode == "async-start":
                 inner = _wrapped_collective(hlo_module, instruction)
                 if inner is not None:
                     wrapped_roots.add(inner)
-            elif tpu_collectives.is_async_collective_fusion(instruction):
+            elif opcode == "fusion" and tpu_collectives.is_async_collective_fusion(instruction):
                 inner = tpu_collectives.fused_collective(hlo_module, instruction, COLLECTIVE_OPCODES)
                 if inner is not None:
                     wrapped_roots.add(inner)
@@ -204,7 +205,7 @@ def find_collectives(
                     op, instruction, inner_computation, computation, Form.ASYNC_WRAPPED, done,
                     num_replicas, num_partitions, device_map, mesh, memo=memo,
                 )
-            elif tpu_collectives.is_async_collective_fusion(instruction):
+            elif opcode == "fusion" and tpu_collectives.is_async_collective_fusion(instruction):
                 inner = tpu_collectives.fused_collective(hlo_module, instruction, COLLECTIVE_OPCODES)
                 if inner is None:
                     continue

@@ -115,6 +115,7 @@ def collective_facts(
     computation's users by value name (:meth:`~hlo_doctor.hlo.ir.Computation.users`, perhaps kept)."""
     scheduled = (module.attribute("is_scheduled") or "").strip() == "true"
     positions: dict[str, dict[str, int]] = {}
+    by_groups: dict[tuple[tuple[int, ...], ...], tuple[bool, bool | None]] = {}
     out = []
     for op in collectives:
         computation = module.computation(op.computation)
@@ -136,16 +137,12 @@ def collective_facts(
             if index is None:
                 index = positions[computation.name] = {i.name: n for n, i in enumerate(computation.instructions)}
             position = (index.get(op.instruction, -1), index.get(result_name, -1))
-        talking = [g for g in op.logical_groups if len(set(g)) > 1]
-        crosses: bool | None = False
-        for group in talking:
-            spans = device_map.crosses_slow_boundary(group)
-            if spans is None:
-                crosses = None
-                break
-            if spans:
-                crosses = True
-                break
+        # A module's collectives share a few group layouts: each is judged once.
+        groups = op.logical_groups
+        judged = by_groups.get(groups)
+        if judged is None:
+            judged = by_groups[groups] = _crossing(groups, device_map)
+        talking, crosses = judged
         out.append(CollectiveFacts(
             op=op,
             key=(computation.name, op.instruction),
@@ -160,6 +157,22 @@ def collective_facts(
             self_only=not talking,
         ))
     return tuple(out)
+
+
+def _crossing(groups: tuple[tuple[int, ...], ...], device_map: DeviceMap) -> tuple[bool, bool | None]:
+    """Whether any group has devices that talk (not only to themselves), and whether one of
+    those crosses the slow boundary (None: unknown)."""
+    talking = [g for g in groups if len(set(g)) > 1]
+    crosses: bool | None = False
+    for group in talking:
+        spans = device_map.crosses_slow_boundary(group)
+        if spans is None:
+            crosses = None
+            break
+        if spans:
+            crosses = True
+            break
+    return bool(talking), crosses
 
 
 def _slice_after(users: dict[str, list[Instruction]], name: str) -> str | None:

@@ -58,6 +58,13 @@ def trip_count(instruction: Instruction, by_name: dict[str, Computation]) -> int
 
 def walk(module: HloModule) -> Iterator[tuple[Computation, Instruction, Executions]]:
     """Every instruction reachable from the entry, with how often it runs per step."""
+    for computation, times in _visits(module):
+        for instruction in computation.instructions:
+            yield computation, instruction, times
+
+
+def _visits(module: HloModule) -> Iterator[tuple[Computation, Executions]]:
+    """Each computation reachable from the entry, once per distinct number of runs per step."""
     entry = module.entry
     if entry is None:
         return
@@ -69,8 +76,8 @@ def walk(module: HloModule) -> Iterator[tuple[Computation, Instruction, Executio
         if (computation.name, times) in seen:
             continue
         seen.add((computation.name, times))
+        yield computation, times
         for instruction in computation.instructions:
-            yield computation, instruction, times
             opcode = instruction.opcode
             if opcode == "while":
                 trips = trip_count(instruction, by_name)
@@ -87,7 +94,9 @@ def walk(module: HloModule) -> Iterator[tuple[Computation, Instruction, Executio
 def execution_counts(module: HloModule) -> dict[str, Executions]:
     """How often each computation reachable from the entry runs per step (the largest count seen)."""
     counts: dict[str, Executions] = {}
-    for computation, _, times in walk(module):
+    for computation, times in _visits(module):
+        if not computation.instructions:
+            continue  # nothing of it runs
         found = counts.get(computation.name)
         if found is None or times.count > found.count:
             counts[computation.name] = times
