@@ -196,14 +196,22 @@ class _Propagation:
                     # The commonest ops (elementwise, converts, copies, collectives, slices, pads,
                     # concatenates, selects): _Transfer.same_rank, inline.
                     found = None
+                    made = False  # a new int: an operand's value flattened, or two joined
                     for source in operand_ids[node]:
                         value = values[source]  # NO_NODE's slot is always empty
                         if not value or ranks[source] != rank:
                             continue
                         if value.__class__ is not int:
                             value = _flatten(value)
-                        found = value if found is None or found == value else found | value
-                    return _NONE if found is None else intern(found)
+                            made = True
+                        if found is None or found == value:
+                            found = value
+                        else:
+                            found |= value
+                            made = True
+                    if found is None:
+                        return _NONE
+                    return intern(found) if made else found  # an operand's own value is shared already
             elif not through_dots and opcode in DOTS:
                 return _NONE
             return intern(transfer(node, instruction))
