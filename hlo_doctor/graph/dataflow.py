@@ -55,6 +55,7 @@ per element so a loop's weights and activations stay apart.
 from __future__ import annotations
 
 from array import array
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from hlo_doctor._gc import paused_gc
@@ -106,6 +107,7 @@ def _build(module: HloModule) -> DataflowGraph:
     operand_flat = array("i")  # compressed rows: node i's operands are operand_flat[starts[i]:starts[i + 1]]
     operand_starts = array("i", [0])
     extend, append = operand_flat.extend, operand_starts.append
+    no_node = repeat(NO_NODE)
     for computation in module.computations:
         first = len(instruction_at)
         spans.append((first, computation.name))
@@ -118,7 +120,7 @@ def _build(module: HloModule) -> DataflowGraph:
         for instruction in instructions:
             operands = instruction.operands
             if operands:
-                extend([get(o, NO_NODE) for o in operands])
+                extend(map(get, operands, no_node))  # get(o, NO_NODE) for each, in C
             append(len(operand_flat))
     user_lists: list[list[int]] = [[] for _ in instruction_at]
     begin = 0

@@ -187,14 +187,16 @@ class ModuleText:
         """Attributes ``keys`` of the instruction at ``offset``, each what :meth:`attribute_at`
         gives, read in one pass from the line's start (a dot's four dims attributes, say)."""
         if offset == self._split_offset:
-            return tuple(_value_of(self._split_pairs, key) for key in keys)
+            return tuple([_value_of(self._split_pairs, key) for key in keys])
         text = self.attribute_text(offset, start)
-        present = tuple(key for key in keys if key + "=" in text)
+        present = tuple([key for key in keys if key + "=" in text])
         found = self.scan_attributes(text, present) if present else {}
-        return tuple(
+        if len(found) == len(keys):
+            return tuple([found[key] for key in keys])
+        return tuple([
             found[key] if key in found else self.attribute_at(offset, start, key) if key in present else None
             for key in keys
-        )
+        ])
 
     def _split(self, offset: int, text: str) -> tuple[tuple[str, str], ...]:
         pairs = self.split_attributes(text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 # Bits per element of each XLA primitive type (xla_data.proto PrimitiveType).
@@ -52,25 +52,24 @@ class Shape:
     dynamic: tuple[bool, ...] = ()
     layout: Layout | None = None
     tuple_shapes: tuple[Shape, ...] = ()
+    # Derived once when the shape is made (the parser makes one per shape text), not on every
+    # read: the analyses ask these of every value they visit.
+    is_tuple: bool = field(init=False, compare=False, repr=False)
+    rank: int = field(init=False, compare=False, repr=False)
+    num_elements: int = field(init=False, compare=False, repr=False)
+    byte_size: int = field(init=False, compare=False, repr=False)  # the whole value's (a tuple's leaves summed)
 
-    @property
-    def is_tuple(self) -> bool:
-        return self.element_type == "tuple"
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
-
-    @property
-    def num_elements(self) -> int:
-        return math.prod(self.dims)
-
-    @property
-    def byte_size(self) -> int:
-        """Bytes of the whole value (tuples: the sum of their leaves)."""
-        if self.is_tuple:
-            return sum(s.byte_size for s in self.tuple_shapes)
-        return (self.num_elements * ELEMENT_BITS.get(self.element_type, 0) + 7) // 8
+    def __post_init__(self) -> None:
+        is_tuple = self.element_type == "tuple"
+        elements = math.prod(self.dims)
+        if is_tuple:
+            size = sum(s.byte_size for s in self.tuple_shapes)
+        else:
+            size = (elements * ELEMENT_BITS.get(self.element_type, 0) + 7) // 8
+        object.__setattr__(self, "is_tuple", is_tuple)
+        object.__setattr__(self, "rank", len(self.dims))
+        object.__setattr__(self, "num_elements", elements)
+        object.__setattr__(self, "byte_size", size)
 
     def leaves(self) -> Iterator[Shape]:
         """The array shapes of a tuple, depth first; an array yields itself."""

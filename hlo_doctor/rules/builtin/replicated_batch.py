@@ -317,7 +317,7 @@ def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
     found: set[str] = set()
     entry = module.entry
     candidates = list(entry.parameters()) if entry is not None else []
-    candidates += [i for _, i in module.instructions() if i.opcode in _DOTS]
+    candidates += [i for c in module.computations for i in c.instructions if i.opcode in _DOTS]
     # The matmuls of a deep model share a few (sharding, rank) pairs: each is read once. A sharding
     # is known by its object (one per text); the entry keeps it, so the id is never another's.
     judged: dict[tuple[int, int], tuple[Sharding, set[str]]] = {}
