@@ -178,7 +178,8 @@ class Parser(AsyncSugarReader):
             self.parse_instruction(scope)
         if len(scope.roots) > 1:
             raise self.error(f"computation '{name}' has more than one ROOT", scope.roots[1].offset)
-        self.check_operands_defined(scope)
+        if scope.unresolved:
+            self.check_operands_defined(scope)
         execution_thread = None
         save = self.pos
         comma = SPACE_MATCH(text, save).end()
@@ -296,17 +297,27 @@ class Parser(AsyncSugarReader):
                 if commas == 0 and "/" not in operand_text:
                     # one bare operand (the line regex allows one leading '%'): half the lines
                     one = operand_text[1:] if operand_text[0] == "%" else operand_text
-                    operands = ((d.name if (d := defined(one)) is not None else one),)
+                    d = defined(one)
+                    if d is None:
+                        operands = (one,)
+                        scope.unresolved = True
+                    else:
+                        operands = (d.name,)
                 elif commas == 1 and "/" not in operand_text and ", %" in operand_text and operand_text[0] == "%":
                     # two, as XLA prints them: most of the rest
                     first, second = operand_text[1:].split(", %")
-                    operands = ((d.name if (d := defined(first)) is not None else first),
-                                (e.name if (e := defined(second)) is not None else second))
+                    d, e = defined(first), defined(second)
+                    if d is None or e is None:
+                        scope.unresolved = True
+                    operands = (first if d is None else d.name, second if e is None else e.name)
                 else:
                     if "/" in operand_text:
                         operand_text = fast_path.BLOCK_COMMENT.sub("", operand_text)
-                    operands = tuple([d.name if (d := defined(o)) is not None else o
-                                      for o in operand_names(operand_text)])
+                    names = operand_names(operand_text)
+                    found = [defined(o) for o in names]
+                    if any(d is None for d in found):
+                        scope.unresolved = True
+                    operands = tuple([o if d is None else d.name for o, d in zip(names, found, strict=True)])
             else:
                 operands = ()
             is_root = root is not None

@@ -25,19 +25,24 @@ UNKNOWN_SHAPE = Shape("unknown")
 class _Scope:
     """Instructions of the computation being parsed, in order."""
 
-    __slots__ = ("instructions", "by_name", "async_starts", "roots")
+    __slots__ = ("instructions", "by_name", "async_starts", "roots", "unresolved")
 
     def __init__(self) -> None:
         self.instructions: list[Instruction] = []
         self.by_name: dict[str, Instruction] = {}
         self.async_starts: dict[str, tuple[str, ...]] = {}
         self.roots: list[Instruction] = []
+        # Whether an operand may name something not defined before it (the parser's fast path
+        # clears nothing: it sets this when a name it reads is not yet defined; the general path
+        # always sets it). The computation's operands are checked at its end only then.
+        self.unresolved = False
 
     def shape_of(self, name: str) -> Shape:
         instruction = self.by_name.get(name)
         return instruction.shape if instruction is not None else UNKNOWN_SHAPE
 
     def add(self, instruction: Instruction) -> None:
+        self.unresolved = True
         self.instructions.append(instruction)
         self.by_name[instruction.name] = instruction
         if instruction.is_root:
