@@ -264,14 +264,19 @@ class _Transfer:
             maps = self.graph.dim_map(node)
             if maps is None:
                 return _NONE
-            lhs, rhs = self.apply(maps[0], _array(values[sources[0]])), self.apply(maps[1], _array(values[sources[1]]))
+            move = self.coding.move
+            lhs, rhs = _array(values[sources[0]]), _array(values[sources[1]])
+            lhs = move(maps[0], lhs) if lhs else _NONE
+            rhs = move(maps[1], rhs) if rhs else _NONE
             return lhs | rhs if lhs and rhs else lhs or rhs
         if opcode in MAPPED and not shape.is_tuple:
-            source = _array(values[sources[0]]) if sources else _NONE
+            source = values[sources[0]] if sources else _NONE
+            if source.__class__ is not int:
+                source = _flatten(source)
             if not source:
                 return _NONE
             maps = self.graph.dim_map(node)
-            return _NONE if maps is None else self.apply(maps[0], source)
+            return _NONE if maps is None else self.coding.move(maps[0], source)
         if opcode in _SOURCES:
             return _NONE
         if opcode == "parameter":
