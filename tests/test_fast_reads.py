@@ -11,8 +11,9 @@ import pytest
 from hlo_doctor.graph.dataflow import bitset_interner, set_bits
 from hlo_doctor.hlo import parse_module
 from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.hlo.fast_path import scan_attribute, scan_attributes
 from hlo_doctor.hlo.ir import Instruction, new_instruction
-from hlo_doctor.hlo.parser import scan_attribute, scan_attributes, split_attributes
+from hlo_doctor.hlo.parser import split_attributes
 from hlo_doctor.semantics.roles import _numbers
 from tests.corpus import CORPUS, corpus_files
 

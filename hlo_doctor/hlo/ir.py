@@ -147,9 +147,9 @@ class ModuleText:
         # (hlo_doctor.hlo.parser.split_attributes; the parser hands it over, the IR never imports it).
         self.split_attributes = split_attributes
         # How it reads one attribute from the start of that text without splitting all of it
-        # (hlo_doctor.hlo.parser.scan_attribute): (True, value or None) when it can tell.
+        # (hlo_doctor.hlo.fast_path.scan_attribute): (True, value or None) when it can tell.
         self.scan_attribute = scan_attribute
-        # ... and several in one pass (hlo_doctor.hlo.parser.scan_attributes): {key: value} for
+        # ... and several in one pass (hlo_doctor.hlo.fast_path.scan_attributes): {key: value} for
         # the keys it can tell.
         self.scan_attributes = scan_attributes
         self.frame_tables: StackFrameTables | None = None

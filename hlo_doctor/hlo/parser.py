@@ -46,7 +46,7 @@ class Parser(AsyncSugarReader):
         super().__init__(text, path)
         self.computations: list[Computation] = []
         self.frame_tables: StackFrameTables | None = None
-        self.origin = ModuleText(text, path, split_attributes, scan_attribute, scan_attributes)
+        self.origin = ModuleText(text, path, split_attributes, fast_path.scan_attribute, fast_path.scan_attributes)
         self._line = 1
         self._line_offset = 0  # offset of the text already counted into _line
         self._line_start = 0  # offset where line _line starts
@@ -522,55 +522,6 @@ def split_attributes(text: str, *, path: str | None = None) -> tuple[tuple[str, 
     if parser.skip_space() != len(text):
         raise parser.error("expected ',' before the next attribute")
     return tuple(attributes)
-
-
-def scan_attribute(text: str, key: str) -> tuple[bool, str | None]:
-    """Attribute ``key`` of the raw ``, key=value, ...`` text of one instruction line, read from
-    the start and no further than that attribute: ``(True, value)``, ``(True, None)`` when the
-    whole text is read and has no ``key``, ``(False, None)`` when the text is not in the common
-    form up to there (then :func:`split_attributes` reads it all, as it would have).
-
-    The value must end where the next attribute's ``,`` starts, or at the end of the text: so it
-    is what splitting the whole text gives. A line's first attributes are the ones asked for
-    most (``sharding``, ``dimensions``, ``replica_groups``; ``metadata`` comes late), and its
-    long ``metadata`` string is then never scanned.
-    """
-    match = fast_path.ATTRIBUTE.match
-    position, end = 0, len(text)
-    while position < end:
-        found = match(text, position)
-        if found is None:
-            return False, None
-        position = found.end()
-        if found.group(1) == key:
-            if position == end or text[position] == ",":
-                return True, found.group(2)
-            return False, None
-    return True, None
-
-
-def scan_attributes(text: str, keys: tuple[str, ...]) -> dict[str, str | None]:
-    """The attributes ``keys`` of the raw ``, key=value, ...`` text of one instruction line, each
-    as :func:`scan_attribute` reads it, in one pass from the start that stops once all are found:
-    ``{key: value}`` for each key it could tell (a key the whole text lacks is given as None; one
-    past the first stretch not in the common form is left out, for :func:`split_attributes`)."""
-    match = fast_path.ATTRIBUTE.match
-    found: dict[str, str | None] = {}
-    wanted = len(keys)
-    position, end = 0, len(text)
-    while position < end:
-        hit = match(text, position)
-        if hit is None:
-            return found
-        position = hit.end()
-        key = hit.group(1)
-        if key in keys and key not in found:
-            if position != end and text[position] != ",":
-                return found
-            found[key] = hit.group(2)
-            if len(found) == wanted:
-                return found
-    return {**dict.fromkeys(keys), **found}
 
 
 def _entry_line_start(text: str) -> int:
