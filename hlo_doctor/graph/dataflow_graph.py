@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
     from hlo_doctor.graph.dim_maps import DimMap, DimMaps
+    from hlo_doctor.graph.dots import DotDims
 
 from hlo_doctor.graph.dataflow_propagate import dataflow_order, set_bits
 from hlo_doctor.graph.parameter_bits import ParameterBits
@@ -380,6 +381,11 @@ class DataflowGraph:
         """Per operand of node ``node``, the output dim each of its dims goes to (-1: none); None
         for an op with no such map (see :mod:`hlo_doctor.graph.dim_maps`). Made once per node."""
         return self._dim_maps.of(self, node)
+
+    def dot_dims(self, node: int) -> DotDims | None:
+        """The operand dims' roles of the dot or convolution ``node`` (None: fewer than two
+        operands, or dims that do not read); made once per node."""
+        return self._dim_maps.dot_dims(self, node)
 
     # ---- entry parameters a value derives from ------------------------
     def entry_parameters(self, key: NodeKey) -> frozenset[int]:

@@ -42,20 +42,42 @@ class DimMaps:
     would be a cycle only the cyclic collector could free.
     """
 
-    __slots__ = ("_maps",)
+    __slots__ = ("_dots", "_maps")
 
     def __init__(self) -> None:
         self._maps: dict[int, DimMap | None] = {}
+        self._dots: dict[int, DotDims | None] = {}
 
     def of(self, graph: DataflowGraph, node: int) -> DimMap | None:
         try:
             return self._maps[node]
         except KeyError:
-            found = self._maps[node] = _node_map(graph, node)
+            found = self._maps[node] = _node_map(graph, node, self)
+            return found
+
+    def dot_dims(self, graph: DataflowGraph, node: int) -> DotDims | None:
+        """The roles of a dot's or convolution's operand dims (:func:`~hlo_doctor.graph.dots.dot_dims`
+        for the ranks of its first two operands); None when it has no two operands or its dims
+        cannot be read."""
+        try:
+            return self._dots[node]
+        except KeyError:
+            found = self._dots[node] = _dot_dims_of(graph, node)
             return found
 
 
-def _node_map(graph: DataflowGraph, node: int) -> DimMap | None:
+def _dot_dims_of(graph: DataflowGraph, node: int) -> DotDims | None:
+    sources = graph.operand_ids[node]
+    if len(sources) < 2 or NO_NODE in sources[:2]:
+        return None
+    at = graph.instruction_at
+    try:
+        return dot_dims(at[node], at[sources[0]].shape.rank, at[sources[1]].shape.rank)
+    except (ValueError, IndexError, KeyError):
+        return None
+
+
+def _node_map(graph: DataflowGraph, node: int, maps: DimMaps) -> DimMap | None:
     """Per operand (one; two for a dot), where each of its dims goes in the output (-1: nowhere)."""
     instruction = graph.instruction_at[node]
     sources = graph.operand_ids[node]
@@ -67,12 +89,8 @@ def _node_map(graph: DataflowGraph, node: int) -> DimMap | None:
         return None
     rank = operand.rank
     if opcode in DOTS:
-        if len(sources) < 2:
-            return None
-        rhs = graph.instruction_at[sources[1]].shape
-        try:
-            roles = dot_dims(instruction, rank, rhs.rank)
-        except (ValueError, IndexError, KeyError):
+        roles = maps.dot_dims(graph, node)
+        if roles is None:
             return None
         key: tuple = ("dot", roles)
     elif opcode in ("transpose", "broadcast", "reduce"):

@@ -37,7 +37,6 @@ from functools import cached_property
 from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
 from hlo_doctor.graph.dim_maps import DOTS
-from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
 from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _Propagation: re-exported (rules/_batch reads it here)
@@ -262,9 +261,8 @@ def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], 
         lhs_bits = bits[lhs]
         if lhs_bits.__class__ is not int or not lhs_bits:  # a tuple, or no pairs
             continue
-        try:
-            roles = dot_dims(instruction, instruction_at[lhs].shape.rank, instruction_at[rhs].shape.rank)
-        except (ValueError, KeyError, IndexError):
+        roles = graph.dot_dims(node)
+        if roles is None:
             continue
         lhs_roles = roles.roles[0]
         for dim, block in coding.blocks(lhs_bits):

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
-from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts
 from hlo_doctor.semantics.parameters import EntryParameters, is_integer
@@ -343,18 +342,10 @@ class _Judge:
 
     def _judge_contracting(self, node: int) -> bool:
         graph = self.graph
-        at = graph.instruction_at
-        instruction = at[node]
-        if len(instruction.operands) < 2:
+        roles = graph.dot_dims(node)
+        if roles is None:
             return False
-        sides = graph.operand_ids[node][:2]
-        if NO_NODE in sides:
-            return False
-        try:
-            roles = dot_dims(instruction, at[sides[0]].shape.rank, at[sides[1]].shape.rank)
-        except (ValueError, KeyError, IndexError):
-            return False
-        for side, operand in enumerate(sides):
+        for side, operand in enumerate(graph.operand_ids[node][:2]):
             dims = self.batch.batch_dims(graph.keys[operand])
             if any(d < len(roles.roles[side]) and roles.role(side, d).role == "contracting" for d in dims):
                 return True

@@ -11,7 +11,8 @@ from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
-from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind
+from hlo_doctor.hlo.attr_sharding import parse_sharding
+from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind, attribute_of_each
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
 from hlo_doctor.rules._levers import jax_argument_constraint, with_lever
 from hlo_doctor.rules._records import record_entries, user_line
@@ -321,10 +322,10 @@ def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
     # The matmuls of a deep model share a few (sharding, rank) pairs: each is read once. A sharding
     # is known by its object (one per text); the entry keeps it, so the id is never another's.
     judged: dict[tuple[int, int], tuple[Sharding, set[str]]] = {}
-    for instruction in candidates:
-        sharding = instruction.sharding
-        if sharding is None or instruction.shape.is_tuple:
+    for instruction, text in zip(candidates, attribute_of_each(candidates, "sharding"), strict=True):
+        if text is None or instruction.shape.is_tuple:
             continue
+        sharding = parse_sharding(text)  # instruction.sharding, its text read with the others'
         key = (id(sharding), instruction.shape.rank)
         entry_for = judged.get(key)
         if entry_for is None:
