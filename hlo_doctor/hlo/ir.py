@@ -451,7 +451,7 @@ class Computation:
     execution_thread: str | None = None
     by_name: Mapping[str, Instruction] = field(default_factory=dict, compare=False, repr=False)
     # The parameters sorted, once asked for (analyses ask it of the entry again and again).
-    sorted_parameters: tuple[Instruction, ...] | None = field(default=None, compare=False, repr=False)
+    sorted_parameters: tuple[Instruction, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def root(self) -> Instruction | None:
