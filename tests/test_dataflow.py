@@ -7,6 +7,7 @@ import pytest
 from hlo_doctor.dump import load_dump
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.dots import dot_dims
+from tests.freeing import freed_without_the_collector
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -112,20 +113,11 @@ def test_the_networkx_view_is_the_same_graph():
 
 def test_the_graph_and_its_views_are_freed_without_the_cyclic_collector():
     """No reference cycle: a dropped graph (and its module) goes at once, not at the next GC pass."""
-    import gc
-    import weakref
-
     module = load_dump(FIXTURES / "llama-scan" / "jax-shardy-healthy").modules[0].partitioned().module()
     graph = build_graph(module)
     entry = module.entry
     root = (entry.name, entry.root.name)
     assert graph.producers(root) and graph.nx.number_of_edges() and graph.succ[graph.producers(root)[0][0]]
-    ref = weakref.ref(graph)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        del graph
-        assert ref() is None
-    finally:
-        if enabled:
-            gc.enable()
+    only = [graph]
+    del graph
+    assert freed_without_the_collector(only)

@@ -120,17 +120,22 @@ def test_set_bits_ascending(bits: int) -> None:
     assert _numbers(bits) == frozenset(expected)
 
 
+def _corpus_modules():  # noqa: ANN202 - (path, HloModule) pairs
+    """Every module of the valid corpus that parses."""
+    for path in corpus_files("valid"):
+        try:
+            yield path, parse_module(path.read_text(), path=str(path))
+        except ParseError:
+            continue
+
+
 @pytest.mark.corpus
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/xla-hlo is absent")
 def test_scan_path_agrees_with_the_split_on_every_corpus_attribute() -> None:
     """Every attribute of every instruction of the valid corpus (and three keys it may lack),
     read through the scan from the line's start, is what the whole split gives."""
     disagree, reads = [], 0
-    for path in corpus_files("valid"):
-        try:
-            module = parse_module(path.read_text(), path=str(path))
-        except ParseError:
-            continue
+    for path, module in _corpus_modules():
         for computation in module.computations:
             for instruction in computation.instructions:
                 try:
@@ -200,11 +205,7 @@ def test_attribute_of_each_is_attribute_read_one_at_a_time_on_the_corpus() -> No
     from hlo_doctor.hlo.ir import attribute_of_each
 
     disagree, reads = [], 0
-    for path in corpus_files("valid"):
-        try:
-            module = parse_module(path.read_text(), path=str(path))
-        except ParseError:
-            continue
+    for path, module in _corpus_modules():
         for computation in module.computations:
             for key in ("sharding", "dimensions", "metadata", "to_apply", "not_an_attribute"):
                 try:
