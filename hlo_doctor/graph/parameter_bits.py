@@ -2,8 +2,8 @@
 derives from, as bitsets (bit k: entry parameter k).
 
 A value is an int bitset, or a tuple of values (one per tuple element), so a loop's weights and
-activations stay apart. Every node's value is the fixpoint of :func:`_transfer` over the graph
-(while loops' back edges make cycles). Most analyses ask it of many nodes and get the whole
+activations stay apart. Every node's value is the fixpoint, over the graph, of the transfer
+:func:`_transfer_into` makes (while loops' back edges make cycles). Most analyses ask it of many nodes and get the whole
 propagation (:func:`~hlo_doctor.graph.dataflow_propagate.propagate_forward`), once per graph;
 an analysis that asks it of a few nodes whose ancestors are few and make no cycle (a weight and
 the ops that reshape it) gets them from those ancestors alone, in dataflow order: with no cycle

@@ -62,6 +62,7 @@ class ModuleSemantics:
 
     def __init__(self, view: ModuleView, parameters: EntryParameters | None = None) -> None:
         self.view = view
+        self._users: dict[str, dict[str, list[Instruction]]] = {}  # computation -> Computation.users()
         if parameters is not None:  # entry parameters keep their numbers across snapshots
             self.__dict__["parameters"] = parameters
 
@@ -85,10 +86,6 @@ class ModuleSemantics:
         if found is None:
             found = self._users[computation.name] = computation.users()
         return found
-
-    @cached_property
-    def _users(self) -> dict[str, dict[str, list[Instruction]]]:
-        return {}
 
     @cached_property
     def parameters(self) -> EntryParameters | None:

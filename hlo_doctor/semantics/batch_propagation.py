@@ -194,7 +194,7 @@ class _Propagation:
                 rank = ranks[node]
                 if rank >= 0:
                     # The commonest ops (elementwise, converts, copies, collectives, slices, pads,
-                    # concatenates, selects): _Transfer.same_rank, inline.
+                    # concatenates, selects): what _Transfer.same_rank gives, inline.
                     found = None
                     made = False  # a new int: an operand's value flattened, or two joined
                     for source in operand_ids[node]:
@@ -253,12 +253,8 @@ class _Transfer:
         opcode = instruction.opcode
         values = self.values
         sources = self.operand_ids[node]
-        if opcode in _SIMPLE:
-            rank = self.ranks[node]
-            if rank >= 0:
-                # The commonest ops first (elementwise, converts, copies, collectives,
-                # slices, pads, concatenates, selects), as any other op at the end.
-                return self.same_rank(sources, rank)
+        # The same-rank ops (elementwise, converts, copies, collectives, slices ...) never come
+        # here: _Propagation.run computes them inline.
         shape = instruction.shape
         if opcode in DOTS:
             maps = self.graph.dim_map(node)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
+from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts
 from hlo_doctor.semantics.parameters import EntryParameters, is_integer
@@ -73,7 +74,6 @@ PHASES = ("forward", "backward", "optimizer", "unknown")
 # A reduction of at most this many elements is a loss, metric or norm.
 SCALAR_ELEMENTS = 64
 _REDUCING = frozenset({"all-reduce", "reduce-scatter"})
-_DOTS = frozenset({"dot", "convolution"})
 # Elementwise ops an optimizer updates a weight with, and ops that move a value unchanged.
 _UPDATES = frozenset({"add", "subtract", "multiply", "divide", "select", "fusion"})
 _MOVES = frozenset({"convert", "copy", "bitcast", "reshape", "get-tuple-element", "transpose", "dynamic-slice"})
@@ -317,7 +317,7 @@ class _Judge:
             return None
         for node, _ in self._walk(operand.key, forward=False):
             instruction = at[node]
-            if instruction.opcode in _DOTS and len(instruction.operands) >= 2:
+            if instruction.opcode in DOTS and len(instruction.operands) >= 2:
                 sides = [s for s in graph.operand_ids[node][:2] if s != NO_NODE]
                 weights = self.params.weights
                 if len(sides) == 2 and any(graph.parameter_bits(s) >> w & 1 for s in sides for w in weights):
@@ -328,7 +328,7 @@ class _Judge:
         """The nearest matmul upstream of ``key`` that contracts the batch dim of an operand."""
         at = self.graph.instruction_at
         for node, _ in self._walk(key, forward=False, limit=8):
-            if at[node].opcode in _DOTS and self._contracts_batch(node):
+            if at[node].opcode in DOTS and self._contracts_batch(node):
                 return at[node].name
         return None
 
