@@ -39,6 +39,9 @@ _UPDATE_OPS = frozenset({
     "reshape", "negate", "sqrt", "rsqrt", "clamp", "fusion", "dynamic-update-slice", "power", "abs", "sign",
 })
 
+_RESHAPING = frozenset({"dynamic-slice", "slice", "all-gather", "all-to-all", "collective-permute", "pad"})
+_ARITHMETIC = frozenset({"add", "subtract", "multiply", "divide", "fusion"})
+
 
 def is_integer(element_type: str) -> bool:
     """Integer and boolean element types: indices, labels, masks, counts."""
@@ -82,11 +85,19 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
         # A training step that donates its state: what it does not update is its input.
         data |= _numbers(arrays) - state
     elif not donors:
+        updated = _updated(module, graph, params) - data - scalars
         batch = analyze_batch(view, module, graph, per_device=True, require_sharded=False,
                               exclude=frozenset(state) | frozenset(data), follow=False)
-        data |= set(batch.matmul_inputs)
+        sources = set(batch.matmul_inputs)
+        if updated - sources:
+            # A training step: some weights are updated that no matmul reads as an activation. Then
+            # being updated outweighs reaching a matmul as its free dim, which a weight does too:
+            # a norm scale (its dim 0 is free in the weight-gradient matmul of the layer it scales),
+            # a weight applied as ``w @ x.T`` (its dim 0 is the output's free dim).
+            sources -= updated
+        data |= sources
         # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
-        state |= _updated(module, graph, params) - data - scalars
+        state |= updated - data
         if state:
             # A training step: what it does not update is its input (float targets, masks, features).
             data |= _numbers(arrays) - state
@@ -118,7 +129,8 @@ def _aliased(view: ModuleView) -> set[int]:
 
 
 def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction]) -> set[int]:
-    """Parameters that reach an output of their own shape through elementwise update ops only."""
+    """Parameters that reach an output of their own shape through elementwise update ops only, one of
+    them arithmetic (``w - lr * g``; a cache written by ``dynamic-update-slice`` alone is not updated)."""
     entry = module.entry
     root = entry.root if entry is not None else None
     if entry is None or root is None:
@@ -129,24 +141,32 @@ def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction])
     for output in outputs:
         if output is None or output.shape.is_tuple:
             continue
-        stack: list[Instruction] = [output]
-        seen: set[str] = set()
+        stack: list[tuple[Instruction, bool]] = [(output, False)]
+        seen: set[tuple[str, bool]] = set()
         while stack:
-            current = stack.pop()
-            if current.name in seen or len(seen) > 64:
+            current, arithmetic = stack.pop()
+            if (current.name, arithmetic) in seen or len(seen) > 64:
                 continue
-            seen.add(current.name)
+            seen.add((current.name, arithmetic))
             param = by_name.get(current.name)
             if param is not None:
                 number = param.parameter_number
-                if param.shape.dims == output.shape.dims and current is not output and number is not None:
+                if current is not output and number is not None and arithmetic:
                     found.add(number)
+                continue
+            if current.opcode in _RESHAPING:
+                # the step returns the updated weight in another sharding: this device's slice of it,
+                # or gathered and cut back (an uneven dim)
+                operand = entry.get(current.operands[0]) if current.operands else None
+                if operand is not None and not operand.shape.is_tuple:
+                    stack.append((operand, arithmetic))
                 continue
             if current.opcode not in _UPDATE_OPS:
                 continue
+            arithmetic = arithmetic or current.opcode in _ARITHMETIC
             for name in current.operands:
                 operand = entry.get(name)
                 if operand is not None and not operand.shape.is_tuple and (
-                        operand.shape.dims == output.shape.dims or operand.shape.rank == 0):
-                    stack.append(operand)
+                        operand.shape.dims == current.shape.dims or operand.shape.rank == 0):
+                    stack.append((operand, arithmetic))
     return found

@@ -79,6 +79,18 @@ _UPDATES = frozenset({"add", "subtract", "multiply", "divide", "select", "fusion
 _MOVES = frozenset({"convert", "copy", "bitcast", "reshape", "get-tuple-element", "transpose", "dynamic-slice"})
 # How far the neighbourhood searches (expert matmuls, pipeline stages, gradient targets) look.
 _HOPS = 12
+# Ops a gradient passes through on its way to its weight's update without changing what it is:
+# elementwise arithmetic, moves, slices of a shard, collectives, loop and call plumbing.
+_GRADIENT_PATH = frozenset({
+    "add", "subtract", "multiply", "divide", "negate", "sqrt", "rsqrt", "power", "maximum", "minimum", "abs",
+    "sign", "select", "clamp", "convert", "copy", "bitcast", "reshape", "transpose", "dynamic-slice",
+    "dynamic-update-slice", "slice", "concatenate", "pad", "tuple", "get-tuple-element", "all-reduce",
+    "reduce-scatter", "all-gather", "all-to-all", "collective-permute", "all-reduce-start", "all-reduce-done",
+    "all-gather-start", "all-gather-done", "collective-permute-start", "collective-permute-done",
+    "optimization-barrier", "parameter", "fusion", "call", "while", "async-start", "async-done", "reduce",
+})
+# States a search for a weight's update visits at most (an optimizer's update is a few ops).
+_UPDATE_SEARCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +129,7 @@ class _Judge:
         self.weight_mask = _mask(params.weights)
         self._ordered: dict[int, tuple[int, ...]] = {}
         self._contracting: dict[int, bool] = {}  # matmul node -> whether it contracts a batch dim
+        self._reaches_update: dict[int, bool] = {}
         self._shared_ints: list[int] = []
 
     def ordered(self, bits: int) -> tuple[int, ...]:
@@ -199,11 +212,15 @@ class _Judge:
                 what = self.names(weights) if weights else "constants"
                 return OperandRole("weight-gather", self.ordered(weight_bits),
                                    f"operand derives only from the weights {what}")
+            if self._reaches_update_from(facts):
+                return OperandRole("weight-gather", self.ordered(weight_bits),
+                                   "operand is a weight's gradient or update: it reaches the update of a weight "
+                                   "through elementwise ops only")
             if batch_dims:
                 dim, param = next(iter(sorted(batch_dims.items())))
                 return OperandRole("activation-gather", self.ordered(data_bits),
                                    f"operand carries dim {dim} of the batch input {self.names([param])}: an activation")
-            if weights:
+            if weights and self.params.state and node not in self.forward_nodes and self._weight_shaped(facts, operand):
                 return OperandRole("weight-gather", self.ordered(weight_bits),
                                    f"operand is weight-shaped, computed from the weights {self.names(weights)} and "
                                    "the batch with its batch dim reduced (an updated weight or a gradient)")
@@ -213,19 +230,42 @@ class _Judge:
             if not data:
                 return OperandRole("other", self.ordered(weight_bits),
                                    f"a reduction of values derived from the weights {self.names(weights)} only")
+            if self._reaches_update_from(facts):
+                target = self.gradient_target(facts, operand)
+                of = f"the gradient of {self.names([target])}" if target is not None else "a weight gradient"
+                return OperandRole("gradient-reduce", (target,) if target is not None else self.ordered(data_bits),
+                                   f"operand derives from the batch {self.names(data)} and the result reaches the "
+                                   f"update of a weight through elementwise ops only: {of}")
             if batch_dims:
                 dim, param = next(iter(sorted(batch_dims.items())))
                 return OperandRole("activation-reduce", self.ordered(data_bits),
                                    f"operand carries dim {dim} of the batch input {self.names([param])}: partial "
                                    "sums of an activation (tensor parallelism)")
-            target = self.gradient_target(facts, operand)
             source = self.contracting_dot(operand.key)
+            if not self.params.state or node in self.forward_nodes:
+                # no update reached, no batch-contracting matmul upstream (or no training at all):
+                # partial sums of an activation whose batch dim the tracking lost
+                return OperandRole("activation-reduce", self.ordered(data_bits),
+                                   f"operand derives from the data {self.names(data)} and is no weight's gradient "
+                                   "(it reaches no update through elementwise ops): partial sums of an activation")
+            target = self.gradient_target(facts, operand)
             by = f" (by {source})" if source else ""
             of = f": the gradient of {self.names([target])}" if target is not None else ": a weight gradient"
             return OperandRole("gradient-reduce", (target,) if target is not None else self.ordered(data_bits),
                                f"operand derives from the batch {self.names(data)} with its batch dim "
                                f"contracted{by}{of}")
         return OperandRole("other", self.ordered(bits), f"a {kind}")
+
+    def _weight_shaped(self, facts: CollectiveFacts, operand: OperandFacts) -> bool:
+        """Whether the operand or the result has the per-device shape of a weight."""
+        node = self.graph.id_of(facts.result_key)
+        result = self.graph.instruction_at[node].shape if node is not None else None
+        by_dims = self.weights_by_dims
+        return operand.shape.dims in by_dims or (result is not None and not result.is_tuple and result.dims in by_dims)
+
+    def _reaches_update_from(self, facts: CollectiveFacts) -> bool:
+        node = self.graph.id_of(facts.result_key)
+        return node is not None and self.reaches_update(node)
 
     def permute_role(self, facts: CollectiveFacts, operand: OperandFacts, bits: int, batch_dims: bool) -> OperandRole:
         """A collective-permute: a ring (a gather or reduction in pieces), a pipeline send or a reshard.
@@ -377,6 +417,86 @@ class _Judge:
         matches = self.weights_by_dims.get(at[node].shape.dims, [])
         return matches[0] if len(matches) == 1 else None
 
+    def reaches_update(self, start: int) -> bool:
+        """Whether the value of node ``start`` reaches the update of a weight (``w - lr * g``: an
+        elementwise op with a weight's own value, of its shape) through elementwise ops and moves
+        only: it is already (a piece of) that weight's gradient, not an activation that a later
+        matmul turns into one. Tuples are followed element by element, so a loop's carried
+        gradient accumulator and its activations stay apart."""
+        found = self._reaches_update.get(start)
+        if found is None:
+            found = self._reaches_update[start] = self._search_update(start)
+        return found
+
+    @cached_property
+    def forward_nodes(self) -> frozenset[int]:
+        """The nodes the step's loss derives from: its forward pass (empty when it has no loss)."""
+        losses = _loss_nodes(self.graph, self.params)
+        return frozenset(self.graph.reach_ids(losses, forward=False)) if losses else frozenset()
+
+    def _search_update(self, start: int) -> bool:
+        if not self.params.state:
+            return False  # no training step: nothing is updated
+        graph = self.graph
+        at = graph.instruction_at
+        weights = self.params.weights | self.params.state
+        entry = graph.module.entry
+        root = graph.id_of((entry.name, entry.root.name)) if entry is not None and entry.root is not None else None
+        seen: set[tuple[int, int]] = set()
+        queue: deque[tuple[int, int]] = deque([(start, -1)])  # (node, tuple element or -1)
+        while queue and len(seen) < _UPDATE_SEARCH:
+            node, slot = queue.popleft()
+            if (node, slot) in seen:
+                continue
+            seen.add((node, slot))
+            for target, _ in graph.calls_out_of.get(node, ()):
+                queue.append((target, slot))
+            if slot != -1 and node == root and self._returns_weight_shaped(node, slot):
+                return True  # the step returns it as a weight's gradient (torch_xla's graphs do)
+            for user in graph.user_ids[node]:
+                instruction = at[user]
+                opcode = instruction.opcode
+                if opcode not in _GRADIENT_PATH or opcode in ("while", "call", "fusion", "async-start"):
+                    continue  # a call's operand reaches its callee by the calls_out_of edges above
+                if opcode == "tuple":
+                    for position, operand in enumerate(graph.operand_ids[user]):
+                        if operand == node:
+                            queue.append((user, position))
+                    continue
+                if opcode == "get-tuple-element":
+                    index = instruction.attribute("index")
+                    if slot == -1 or index is None or int(index) == slot:
+                        queue.append((user, -1))
+                    continue
+                if slot != -1:
+                    continue  # a whole tuple read by an array op: not followed
+                if opcode == "reduce" and not _degenerate_reduce(graph, user):
+                    continue
+                if opcode in _UPDATES and not instruction.shape.is_tuple and self._updates_weight(user, node, weights):
+                    return True
+                queue.append((user, -1))
+        return False
+
+    def _returns_weight_shaped(self, root: int, slot: int) -> bool:
+        operands = self.graph.operand_ids[root]
+        if self.graph.instruction_at[root].opcode != "tuple" or slot >= len(operands) or operands[slot] == NO_NODE:
+            return False
+        shape = self.graph.instruction_at[operands[slot]].shape
+        return not shape.is_tuple and shape.rank > 0 and shape.dims in self.weights_by_dims
+
+    def _updates_weight(self, node: int, via: int, weights) -> bool:
+        """Whether elementwise ``node`` combines ``via`` with a weight's own value of its shape."""
+        at = self.graph.instruction_at
+        dims = at[node].shape.dims
+        for source in self.graph.operand_ids[node]:
+            if source in (via, NO_NODE) or at[source].shape.dims != dims:
+                continue
+            bits = self.graph.parameter_bits(source)
+            if bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in weights and \
+                    self._is_parameter_value(source):
+                return True
+        return False
+
     def _is_parameter_value(self, node: int) -> bool:
         """Whether ``node`` is a parameter's value, moved but not computed (converts, copies, loop state)."""
         at = self.graph.instruction_at
@@ -466,6 +586,18 @@ def assign_roles(
         CollectiveRole(facts, main.role, phase, main.parameters, main.reason, operands)
         for (facts, main, operands), phase in zip(judged, phases, strict=False)
     )
+
+
+def _degenerate_reduce(graph: DataflowGraph, node: int) -> bool:
+    """A reduce over dims of size 1 only: a reshape, not a contraction."""
+    instruction = graph.instruction_at[node]
+    operand = graph.operand_ids[node][0] if graph.operand_ids[node] else NO_NODE
+    text = instruction.attribute("dimensions")
+    if operand == NO_NODE or not text:
+        return False
+    dims = graph.instruction_at[operand].shape.dims
+    reduced = [int(d) for d in text.strip("{} ").split(",") if d.strip()]
+    return all(d < len(dims) and dims[d] == 1 for d in reduced)
 
 
 def _phases(graph: DataflowGraph, params: EntryParameters, judged) -> list[str]:

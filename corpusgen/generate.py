@@ -1,0 +1,311 @@
+"""Generate real compiled SPMD programs with their truth: ``python corpusgen/generate.py --n N --seed S --out DIR``.
+
+Each program is drawn from its own seed (:mod:`corpusgen.programs`), compiled
+by JAX on CPU virtual devices with XLA's dump flags (a plain dump, as a user
+makes with ``XLA_FLAGS`` alone: no runner record), and kept only when its
+pathology shows in the compiled HLO (or, for a clean program, when the same
+checks find nothing). Each kept program is a folder::
+
+    DIR/NNNN-<pathology|clean>/dump/        the XLA dump (trimmed as the runner trims)
+    DIR/NNNN-<pathology|clean>/truth.json   the spec, registry, checks and the oracle's roles
+
+Programs compile in parallel, one process per core (``--jobs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from corpusgen.hlo_walk import parse_module
+from corpusgen.oracle import label_collectives
+from corpusgen.programs import PATHOLOGIES, ProgramSpec, build, device_layout, ffn_size, random_spec
+
+MAX_DEVICES = 16
+DUMP_PASSES = "spmd|propagation"
+# A clean program's redundant work must stay under this (per-device FLOPs x devices / unsharded FLOPs).
+CLEAN_MAX_RATIO = 1.35
+TRUTH_SCHEMA = 1
+# The CPU backend's code generation is most of a compile and nothing the analysis reads: made cheap.
+FAST_BACKEND = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+_SCRATCH: list[Path] = []
+
+
+def _init_worker(out: str) -> None:
+    """Set up a compiling process: CPU devices, and XLA_FLAGS dumping to a scratch folder of its own.
+
+    The dump flags go through ``XLA_FLAGS``, as a user sets them, so the dump is a plain one with
+    everything XLA writes then (``module_NNNN.NAME/compile_options.textproto`` included); each
+    compile's files are then moved from the scratch folder to the program's own.
+    """
+    scratch = Path(out) / f".scratch-{os.getpid()}"
+    _remove(scratch)
+    scratch.mkdir(parents=True)
+    _SCRATCH[:] = [scratch]
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={MAX_DEVICES} "
+                               f"--xla_dump_to={scratch} --xla_dump_hlo_pass_re={DUMP_PASSES}").strip()
+
+
+def _compile(spec: ProgramSpec, dump: Path | None) -> dict[str, Any]:
+    import jax
+
+    fn, args, registry = build(spec, jax.devices()[: spec.devices])
+    lowered = jax.jit(fn).lower(*args)
+    total = float(lowered.cost_analysis()["flops"])
+    scratch = _SCRATCH[0]
+    before = set(os.listdir(scratch))
+    compiled = lowered.compile(compiler_options=dict(FAST_BACKEND))
+    for name in sorted(set(os.listdir(scratch)) - before):
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            (scratch / name).rename(dump / name)
+        else:
+            _remove(scratch / name) if (scratch / name).is_dir() else (scratch / name).unlink()
+    per_device = float(compiled.cost_analysis()["flops"])
+    return {"registry": registry, "flops_unsharded": total, "flops_per_device": per_device,
+            "redundancy": per_device * spec.devices / total if total else 1.0}
+
+
+def partitioned_text(dump: Path) -> str:
+    files = sorted(dump.glob("*after_spmd-partitioning*.txt"))
+    if not files:
+        raise RuntimeError(f"no partitioned module in {dump}")
+    return files[0].read_text()
+
+
+def _labels(text: str, spec: ProgramSpec, registry: dict[str, Any]) -> list[dict[str, Any]]:
+    module = parse_module(text)
+    labelled = label_collectives(module, registry["param_classes"], registry["output_classes"], spec.devices,
+                                 registry.get("scopes"), mesh=[(a.name, a.size) for a in spec.axes],
+                                 device_ids=device_layout(spec), devices_per_host=spec.devices_per_host)
+    return [c.as_json() for c in labelled]
+
+
+def _roles(collectives: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in collectives:
+        out[c["role"]] = out.get(c["role"], 0) + 1
+    return out
+
+
+def _twin(spec: ProgramSpec) -> ProgramSpec:
+    twin = ProgramSpec(**{**spec.__dict__, "axes": list(spec.axes), "physical": list(spec.physical),
+                          "dense": list(spec.dense), "notes": []})
+    twin.injection = None
+    return twin
+
+
+def _remove(folder: Path) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# Natural pathologies: what XLA's propagation did to a program that asked for nothing wrong.
+NATURAL = {
+    "natural-redundant-compute": ("replicated-batch", "non-batch-dim-sharding"),
+    "natural-batch-traffic": ("activation-all-gather", "non-batch-dim-sharding", "replicated-batch", "reshard-churn"),
+}
+_ACTIVATION_TRAFFIC = ("activation-gather", "activation-reduce", "reshard")
+
+
+def batch_axis_traffic(spec: ProgramSpec, collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Activation collectives over any axis but the tensor axis: traffic the layout did not ask for."""
+    tensor = {a.name for a in spec.axes if a.role == "tensor"}
+    return [c for c in collectives if c["role"] in _ACTIVATION_TRAFFIC and not set(c["axes"]) <= tensor]
+
+
+def judge_clean(spec: ProgramSpec, result: dict[str, Any], collectives: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """A program drawn clean: None when it is, else the natural pathology XLA gave it, with the evidence."""
+    ratio = result["redundancy"]
+    if ratio > CLEAN_MAX_RATIO:
+        return "natural-redundant-compute", f"{ratio:.2f}x the unsharded FLOPs per device share"
+    stray = batch_axis_traffic(spec, collectives)
+    if stray:
+        c = stray[0]
+        return "natural-batch-traffic", (f"activations move over batch axes: {c['instruction']} ({c['role']} over "
+                                         f"{c['axes']}) and {len(stray) - 1} more")
+    tensor = sorted(a.name for a in spec.axes if a.role == "tensor")
+    return None, f"redundancy {ratio:.2f}x; activation collectives only over the tensor axes {tensor}"
+
+
+def check_effect(spec: ProgramSpec, result: dict[str, Any], text: str, collectives: list[dict[str, Any]],
+                 twin: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether the injected pathology shows in the compiled HLO (``twin``: the clean twin's collectives)."""
+    ratio = result["redundancy"]
+    roles, before = _roles(collectives), _roles(twin)
+    kind = spec.injection
+    if kind == "replicated-batch-input":
+        return ratio >= 1.5, f"redundancy {ratio:.2f}x (batch not split over {spec.injection_axis})"
+    if kind == "replicated-batch-mid":
+        return ratio >= 1.2, f"redundancy {ratio:.2f}x (batch regrouped off {spec.injection_axis} mid-graph)"
+    if kind == "feature-dim-constraint":
+        moved, was = len(batch_axis_traffic(spec, collectives)), len(batch_axis_traffic(spec, twin))
+        return moved > was, f"activation collectives over batch axes: {was} in the clean twin, {moved} here"
+    if kind == "conflicting-constraints":
+        return roles.get("reshard", 0) >= before.get("reshard", 0) + 2, (
+            f"reshards: {before.get('reshard', 0)} in the clean twin, {roles.get('reshard', 0)} here")
+    if kind == "replicated-weight":
+        path = "params" + "".join(f"[{p}]" if p.isdigit() else f"['{p}']" for p in spec.injection_axis.split("/"))
+        escaped = path.replace("'", "\\'")
+        lines = [ln for ln in text.splitlines() if f'op_name="{escaped}"' in ln and "parameter(" in ln]
+        replicated = bool(lines) and "devices=" not in lines[0]
+        return replicated, f"{path} replicated in the partitioned module: {replicated}"
+    if kind == "cross-host-tensor":
+        tp = next(a.size for a in spec.axes if a.role == "tensor")
+        crossing = [c for c in collectives if c["role"] in ("activation-reduce", "activation-gather")
+                    and c["crosses_hosts"]]
+        return bool(crossing), (f"{len(crossing)} tensor-parallel collectives over an axis of {tp} whose groups "
+                                f"cross the {spec.hosts} hosts")
+    if kind == "uneven-dim":
+        tp = next(a.size for a in spec.axes if a.role == "tensor")
+        ffn = ffn_size(spec)
+        piece = -(-ffn // tp)
+        found = re.search(rf"\[(?:\d+,)*{piece}(?:,\d+)*\]", text) is not None
+        return found, f"ffn {ffn} over {tp} shards: per-device {piece} (padded to {piece * tp}) present: {found}"
+    raise ValueError(kind)
+
+
+def _compile_labelled(spec: ProgramSpec, dump: Path) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    result = _compile(spec, dump)
+    text = partitioned_text(dump)
+    return result, text, _labels(text, spec, result["registry"])
+
+
+def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives: list[dict[str, Any]],
+           pathology: str | None, evidence: str, rejected: list[str], twin: str | None) -> None:
+    _trim(folder / "dump")
+    if pathology in NATURAL:
+        expected, expected_any = [], list(NATURAL[pathology])
+    else:
+        expected, expected_any = ([PATHOLOGIES[pathology]] if pathology else []), []
+    # What the recipe also does, by design: the weights of a dim that does not divide its shard
+    # count cannot be sharded on it (JAX refuses such an argument), so they stay replicated.
+    allowed = ["replicated-large-parameter"] if pathology == "uneven-dim" else []
+    truth = {
+        "schema_version": TRUTH_SCHEMA,
+        "framework": "jax",
+        "target": None,
+        "spec": spec.as_json(),
+        "devices_per_host": spec.devices_per_host,
+        "axis_roles": {a.name: a.role for a in spec.axes},
+        "registry": result["registry"],
+        "pathology": pathology,
+        "expected_rules": expected,
+        "expected_any": expected_any,
+        "allowed_rules": allowed,
+        "effect": evidence,
+        "twin": twin,
+        "flops": {k: result[k] for k in ("flops_unsharded", "flops_per_device", "redundancy")},
+        "collectives": collectives,
+        "rejected": rejected,
+    }
+    (folder / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+
+
+def generate_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any]:
+    """Pair ``index``: a program drawn clean, and its twin with a pathology injected.
+
+    The clean draw is compiled first. If XLA gave it a pathology of its own it is kept as a
+    natural one and a new spec is drawn for the injection; otherwise it is kept clean, and the
+    injected twin (same spec, one change) is compiled and kept when its effect shows.
+    """
+    index, base_seed, out, forced = args
+    out_dir = Path(out)
+    started = time.monotonic()
+    kept: list[str] = []
+    rejected: list[str] = []
+    for attempt in range(5):
+        seed = base_seed * 1_000_003 + index * 101 + attempt
+        spec = random_spec(seed, forced or "any")
+        clean = _twin(spec)
+        letter = chr(ord("a") + len(kept))
+        folder = out_dir / f"{index:04d}{letter}"
+        _remove(folder)
+        try:
+            result, _, collectives = _compile_labelled(clean, folder / "dump")
+        except Exception as error:  # noqa: BLE001 - a spec JAX rejects is redrawn, and said so
+            rejected.append(f"seed {seed} (clean draw): {type(error).__name__}: {str(error)[:300]}")
+            _remove(folder)
+            continue
+        natural, evidence = judge_clean(clean, result, collectives)
+        named = folder.with_name(f"{folder.name}-{natural or 'clean'}")
+        _remove(named)
+        folder.rename(named)
+        _write(named, clean, result, collectives, natural, evidence, rejected, None)
+        kept.append(named.name)
+        if natural is not None:
+            continue
+        inj = out_dir / f"{index:04d}{chr(ord('a') + len(kept))}-{spec.injection}"
+        _remove(inj)
+        try:
+            result_i, text_i, collectives_i = _compile_labelled(spec, inj / "dump")
+            shows, evidence_i = check_effect(spec, result_i, text_i, collectives_i, collectives)
+        except Exception as error:  # noqa: BLE001
+            shows, evidence_i = False, f"{type(error).__name__}: {str(error)[:300]}"
+        if not shows:
+            rejected.append(f"seed {seed} ({spec.injection}): {evidence_i}")
+            _remove(inj)
+            continue
+        _write(inj, spec, result_i, collectives_i, spec.injection, evidence_i, rejected, named.name)
+        kept.append(inj.name)
+        break
+    return {"names": kept, "seconds": time.monotonic() - started, "rejected": rejected}
+
+
+def _trim(dump: Path) -> None:
+    """Drop what the analysis never reads (LLVM IR, object files, buffer reports), as the runner does."""
+    for path in dump.rglob("*"):
+        if path.is_file() and (path.suffix in (".ll", ".o") or "buffer-assignment" in path.name
+                               or "live-range" in path.name or "memory-usage" in path.name
+                               or path.name.endswith(".ir-no-opt.ll")):
+            path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, required=True,
+                        help="how many programs (drawn in pairs: a clean draw and its injected twin)")
+    parser.add_argument("--seed", type=int, default=0, help="the corpus seed")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--start", type=int, default=0, help="first program index")
+    parser.add_argument("--only", choices=list(PATHOLOGIES), help="inject only this pathology")
+    options = parser.parse_args(argv)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = -(-options.n // 2)
+    work = [(i, options.seed, str(out), options.only) for i in range(options.start, options.start + pairs)]
+    started = time.monotonic()
+    kept = 0
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(options.jobs, initializer=_init_worker, initargs=(str(out),), maxtasksperchild=25) as pool:
+        for summary in pool.imap_unordered(generate_pair, work):
+            kept += len(summary["names"])
+            print(f"{' '.join(summary['names']) or 'nothing kept'}  {summary['seconds']:.1f}s"
+                  + (f"  ({len(summary['rejected'])} redrawn)" if summary["rejected"] else ""), flush=True)
+    elapsed = time.monotonic() - started
+    for scratch in out.glob(".scratch-*"):
+        _remove(scratch)
+    print(f"generated {kept} programs ({len(work)} pairs) in {elapsed:.0f}s: "
+          f"{kept / elapsed * 60:.1f} programs per minute on {options.jobs} processes")
+    return 0 if kept >= options.n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

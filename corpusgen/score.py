@@ -1,0 +1,221 @@
+"""Score hlo-doctor against the generated corpus: ``python corpusgen/score.py DIR``.
+
+For every program folder of ``DIR`` (made by ``corpusgen/generate.py``) this
+runs hlo-doctor on the plain dump, as a user would (``analyze`` with the
+program's devices per host, no runner record), and compares:
+
+- each collective's role with the oracle's (``truth.json``);
+- the findings with the injected pathology: the expected rule must be
+  reported (recall), and a clean program must get no warning;
+- any other warning on an injected program is an unexpected finding.
+
+It prints role agreement overall and by role, recall per pathology, the
+false-positive rate on clean programs, every disagreement as one line (the
+program, the instruction or rule, expected and got), and last one line::
+
+    corpus: roles A/B (P%), recall C/D, false-positive programs E/F
+
+Disagreements listed in ``--known`` (default ``corpusgen/known_disagreements.toml``),
+each with its reason, are printed as known and do not fail the run; any other
+makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+KNOWN = Path(__file__).with_name("known_disagreements.toml")
+WARNING_SEVERITIES = frozenset({"warning", "error"})
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    program: str
+    kind: str  # "role" | "missing-rule" | "unexpected-rule"
+    subject: str  # the instruction, or the rule
+    expected: str
+    got: str
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"{self.program}: {self.kind} {self.subject}: expected {self.expected}, got {self.got}" + (
+            f" ({self.detail})" if self.detail else "")
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        fields = {"program": self.program, "kind": self.kind, "subject": self.subject,
+                  "expected": self.expected, "got": self.got}
+        return all(str(entry[key]) == value for key, value in fields.items() if key in entry)
+
+
+@dataclass
+class ProgramScore:
+    name: str
+    pathology: str | None
+    expected_rules: list[str]
+    expected_any: list[str]
+    found_rules: list[str]
+    roles_total: int
+    roles_agreed: int
+    by_role: Counter
+    by_role_agreed: Counter
+    disagreements: list[Disagreement]
+
+
+def load_known(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    entries = tomllib.loads(path.read_text(encoding="utf-8")).get("disagreement", [])
+    for entry in entries:
+        if not str(entry.get("reason", "")).strip():
+            raise SystemExit(f"{path}: every known disagreement needs a reason: {entry}")
+    return entries
+
+
+def relabel(folder: Path) -> dict[str, Any]:
+    """Rerun the oracle on a program's dump (after an oracle fix) and rewrite its truth."""
+    from corpusgen.generate import _labels, partitioned_text
+    from corpusgen.programs import Axis, ProgramSpec
+
+    truth = json.loads((folder / "truth.json").read_text())
+    spec_json = dict(truth["spec"])
+    spec_json["axes"] = [Axis(**a) for a in spec_json["axes"]]
+    spec = ProgramSpec(**spec_json)
+    truth["collectives"] = _labels(partitioned_text(folder / "dump"), spec, truth["registry"])
+    (folder / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+    return truth
+
+
+def score_program(folder: Path) -> ProgramScore:
+    from hlo_doctor.analysis import analyze_dump
+    from hlo_doctor.dump import load_dump
+    from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+    from hlo_doctor.semantics.inventory import module_rows
+
+    truth = json.loads((folder / "truth.json").read_text())
+    dump = folder / "dump"
+    per_host = truth.get("devices_per_host")
+    report = analyze_dump(dump, devices_per_host=per_host)
+    found = sorted({f.rule for f in report.findings if str(getattr(f.severity, "value", f.severity)) in
+                    WARNING_SEVERITIES})
+    loaded = load_dump(dump)
+    got_roles: dict[str, str] = {}
+    for module in loaded.modules:
+        ctx = RuleContext(loaded, module, AnalysisOptions(devices_per_host=per_host))
+        if ctx.per_device is None:
+            continue
+        for row in module_rows(ctx.semantics):
+            got_roles[row.instruction] = row.role
+    name = folder.name
+    disagreements: list[Disagreement] = []
+    by_role: Counter = Counter()
+    agreed_by_role: Counter = Counter()
+    agreed = 0
+    for collective in truth["collectives"]:
+        expected = collective["role"]
+        got = got_roles.get(collective["instruction"], "missing")
+        by_role[expected] += 1
+        if got == expected:
+            agreed += 1
+            agreed_by_role[expected] += 1
+        else:
+            disagreements.append(Disagreement(name, "role", collective["instruction"], expected, got,
+                                              f"{collective['phase']}; oracle: {collective['why']}"))
+    expected_rules = list(truth["expected_rules"])
+    expected_any = list(truth.get("expected_any", []))
+    for rule in expected_rules:
+        if rule not in found:
+            disagreements.append(Disagreement(name, "missing-rule", rule, rule, ",".join(found) or "nothing",
+                                              truth.get("effect", "")))
+    if expected_any and not set(expected_any) & set(found):
+        disagreements.append(Disagreement(name, "missing-rule", "|".join(expected_any), "one of them",
+                                          ",".join(found) or "nothing", truth.get("effect", "")))
+    allowed = set(truth.get("allowed_rules", []))
+    for rule in found:
+        if rule not in expected_rules and rule not in expected_any and rule not in allowed:
+            detail = next((f.message[:160] for f in report.findings if f.rule == rule), "")
+            disagreements.append(Disagreement(name, "unexpected-rule", rule, "nothing", rule, detail))
+    return ProgramScore(name, truth["pathology"], expected_rules, expected_any, found, len(truth["collectives"]), agreed,
+                        by_role, agreed_by_role, disagreements)
+
+
+def _percent(a: int, b: int) -> str:
+    return f"{100 * a / b:.1f}%" if b else "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("corpus", help="a folder made by corpusgen/generate.py")
+    parser.add_argument("--known", default=str(KNOWN), help="reviewed known disagreements (TOML)")
+    parser.add_argument("--relabel", action="store_true", help="rerun the oracle on each dump first")
+    options = parser.parse_args(argv)
+    folders = sorted(p.parent for p in Path(options.corpus).glob("*/truth.json"))
+    if not folders:
+        print(f"score: no programs (*/truth.json) under {options.corpus}", file=sys.stderr)
+        return 2
+    known = load_known(Path(options.known))
+    scores = []
+    for folder in folders:
+        if options.relabel:
+            relabel(folder)
+        try:
+            scores.append(score_program(folder))
+        except Exception as error:  # noqa: BLE001 - a crash is a disagreement of its own, reported
+            scores.append(ProgramScore(folder.name, None, [], [], [], 0, 0, Counter(), Counter(),
+                                       [Disagreement(folder.name, "crash", type(error).__name__, "a report",
+                                                     str(error)[:200])]))
+    total = sum(s.roles_total for s in scores)
+    agreed = sum(s.roles_agreed for s in scores)
+    by_role: Counter = Counter()
+    by_role_agreed: Counter = Counter()
+    for s in scores:
+        by_role.update(s.by_role)
+        by_role_agreed.update(s.by_role_agreed)
+    print(f"roles by oracle role ({len(scores)} programs):")
+    for role, count in by_role.most_common():
+        print(f"  {role:18} {by_role_agreed[role]:5}/{count:<5} {_percent(by_role_agreed[role], count)}")
+    recall: Counter = Counter()
+    injected: Counter = Counter()
+    for s in scores:
+        if s.pathology:
+            injected[s.pathology] += 1
+            recall[s.pathology] += all(r in s.found_rules for r in s.expected_rules) and (
+                not s.expected_any or bool(set(s.expected_any) & set(s.found_rules)))
+    print("recall by pathology:")
+    for pathology, count in sorted(injected.items()):
+        print(f"  {pathology:26} {recall[pathology]}/{count}")
+    clean = [s for s in scores if not s.pathology]
+    false_positive = [s for s in clean if s.found_rules]
+    print(f"false positives: {len(false_positive)}/{len(clean)} clean programs get a warning")
+    unknown = 0
+    print("disagreements:")
+    for s in scores:
+        for d in s.disagreements:
+            reason = next((k["reason"] for k in known if d.matches(k)), None)
+            if reason is None:
+                unknown += 1
+                print(f"  {d.line()}")
+            else:
+                print(f"  known: {d.line()} -- {reason}")
+    print(f"{unknown} disagreements not in {options.known}")
+    print(f"corpus: roles {agreed}/{total} ({_percent(agreed, total)}), "
+          f"recall {sum(recall.values())}/{sum(injected.values())}, "
+          f"false-positive programs {len(false_positive)}/{len(clean)}")
+    return 1 if unknown else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

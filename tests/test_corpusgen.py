@@ -1,0 +1,165 @@
+"""The generated corpus (corpusgen/): its oracle on hand-written HLO, and a fixed-seed sample scored in CI.
+
+The HLO texts in the unit tests below are hand-written (in the form JAX 0.10.2
+prints partitioned modules), small enough to check each role by eye. The
+sample test compiles real programs with JAX and scores hlo-doctor on them: it
+fails on any disagreement not listed, with its reason, in
+``corpusgen/known_disagreements.toml``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corpusgen.hlo_walk import parse_module
+from corpusgen.oracle import axes_of, groups_of, label_collectives
+from corpusgen.programs import PATHOLOGIES, device_layout, random_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Hand-written: a data-parallel step of one weight. The forward all-reduce sums a loss; the
+# backward one sums the weight's gradient, which reaches the update elementwise; the all-gather
+# gathers the activation (derived from the data).
+_STEP = """\
+HloModule jit_step, entry_computation_layout={(f32[64,32]{1,0}, f32[4,64]{1,0})->(f32[64,32]{1,0}, f32[])}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+ENTRY %main (w: f32[64,32], x: f32[4,64]) -> (f32[64,32], f32[]) {
+  %w = f32[64,32]{1,0} parameter(0), sharding={replicated}, metadata={op_name="params['w']"}
+  %x = f32[4,64]{1,0} parameter(1), sharding={devices=[2,1]<=[2]}, metadata={op_name="batch['x']"}
+  %h = f32[4,32]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/jvp()/dot_general"}
+  %ag = f32[8,32]{1,0} all-gather(%h), channel_id=1, replica_groups={{0,1}}, dimensions={0}, use_global_device_ids=true, metadata={op_name="jit(step)/jvp()/dot_general"}
+  %zero = f32[] constant(0)
+  %local = f32[] reduce(%ag, %zero), dimensions={0,1}, to_apply=%add
+  %loss = f32[] all-reduce(%local), channel_id=2, replica_groups=[1,2]<=[2], use_global_device_ids=true, to_apply=%add, metadata={op_name="jit(step)/jvp()/reduce_sum"}
+  %g = f32[64,32]{1,0} dot(%x, %h), lhs_contracting_dims={0}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/transpose(jvp())/dot_general"}
+  %gs = f32[64,32]{1,0} all-reduce(%g), channel_id=3, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add, metadata={op_name="jit(step)/transpose(jvp())/dot_general"}
+  %lr = f32[] constant(0.1)
+  %lrb = f32[64,32]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[64,32]{1,0} multiply(%gs, %lrb), metadata={op_name="jit(step)/optimizer/mul"}
+  %new = f32[64,32]{1,0} subtract(%w, %step), metadata={op_name="jit(step)/optimizer/sub"}
+  ROOT %out = (f32[64,32]{1,0}, f32[]) tuple(%new, /*index=1*/%loss)
+}
+"""
+
+
+def _roles(text: str) -> dict[str, tuple[str, str]]:
+    module = parse_module(text)
+    labelled = label_collectives(module, {"params['w']": "weight", "batch['x']": "data"}, ["weight", "scalar"], 2)
+    return {c.instruction: (c.role, c.phase) for c in labelled}
+
+
+def test_oracle_roles_of_a_hand_written_step():
+    assert _roles(_STEP) == {
+        "ag": ("activation-gather", "forward"),
+        "loss": ("scalar-reduce", "forward"),
+        "gs": ("gradient-reduce", "backward"),
+    }
+
+
+def test_a_reduction_that_still_needs_a_contraction_is_not_a_gradient():
+    # Hand-written variation: the reduced value reaches the update only through a dot (it is an
+    # activation's partial sum, not the gradient yet).
+    text = _STEP.replace("%g = f32[64,32]{1,0} dot(%x, %h)", "%hs = f32[4,32]{1,0} all-reduce(%h), channel_id=4, "
+                         "replica_groups={{0,1}}, to_apply=%add, metadata={op_name=\"jit(step)/transpose(jvp())/x\"}\n"
+                         "  %g = f32[64,32]{1,0} dot(%x, %hs)")
+    roles = _roles(text)
+    assert roles["hs"] == ("activation-reduce", "backward")
+    assert roles["gs"] == ("gradient-reduce", "backward")
+
+
+def test_groups_in_every_form_and_the_axes_they_span():
+    # Hand-written collectives over a mesh ('a'=2, 'b'=4): partition id = 4 * a + b.
+    mesh = [("a", 2), ("b", 4)]
+
+    def collective(groups: str) -> str:
+        return (f"ENTRY %m (p: f32[8]) -> f32[8] {{\n  %p = f32[8]{{0}} parameter(0)\n"
+                f"  ROOT %r = f32[8]{{0}} all-reduce(%p), replica_groups={groups}, to_apply=%add\n}}\n")
+
+    cases = {
+        "{{0,1,2,3},{4,5,6,7}}": ["b"],
+        "[4,2]<=[2,4]T(1,0)": ["a"],
+        "[2,4]<=[8]": ["b"],
+        "mesh['axis_0'=2,'axis_1'=4] {'axis_0'}": ["a"],
+        "mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_1'}": ["a"],
+        "{}": ["a", "b"],
+    }
+    for groups, axes in cases.items():
+        module = parse_module(collective(groups))
+        found = groups_of(module.instr(module.entry, "r"), 8)
+        assert axes_of(found, mesh) == axes, groups
+    permute = parse_module("ENTRY %m (p: f32[8]) -> f32[8] {\n  %p = f32[8]{0} parameter(0)\n"
+                           "  ROOT %r = f32[8]{0} collective-permute(%p), source_target_pairs={{0,4},{4,0}}\n}\n")
+    assert axes_of(groups_of(permute.instr(permute.entry, "r"), 8), mesh) == ["a"]
+
+
+def test_loop_state_keeps_its_elements_apart():
+    # Hand-written: a while loop carries (counter, weight, activation); only the weight's slot
+    # derives from the weight parameter.
+    text = """\
+%body (t: (s32[], f32[4], f32[4])) -> (s32[], f32[4], f32[4]) {
+  %t = (s32[], f32[4]{0}, f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %w = f32[4]{0} get-tuple-element(%t), index=1
+  %a = f32[4]{0} get-tuple-element(%t), index=2
+  %a2 = f32[4]{0} negate(%a)
+  ROOT %o = (s32[], f32[4]{0}, f32[4]{0}) tuple(%i, %w, %a2)
+}
+
+%cond (t: (s32[], f32[4], f32[4])) -> pred[] {
+  %t = (s32[], f32[4]{0}, f32[4]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %m (w: f32[4], x: f32[4]) -> f32[4] {
+  %w = f32[4]{0} parameter(0)
+  %x = f32[4]{0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4]{0}, f32[4]{0}) tuple(%zero, %w, %x)
+  %loop = (s32[], f32[4]{0}, f32[4]{0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[4]{0} get-tuple-element(%loop), index=1
+}
+"""
+    module = parse_module(text)
+    bits = module.taint({(module.entry, "w", 0): 1, (module.entry, "x", 0): 2})
+    assert bits[("body", "w", 0)] == 1
+    assert bits[("body", "a2", 0)] == 2
+    assert bits[(module.entry, "out", 0)] == 1
+
+
+def test_specs_are_legal_and_the_mistake_is_the_only_difference():
+    for seed in range(60):
+        spec = random_spec(seed, "any")
+        assert spec.injection in PATHOLOGIES
+        sizes = [a.size for a in spec.axes]
+        assert spec.devices == int(__import__("math").prod(sizes))
+        assert sorted(device_layout(spec)) == list(range(spec.devices))
+        batch_shards = int(__import__("math").prod(a.size for a in spec.axes if a.role in ("data", "fsdp")))
+        assert spec.batch % batch_shards == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs the jax extra")
+def test_a_fixed_seed_sample_scores_with_no_unreviewed_disagreement(tmp_path):
+    out = tmp_path / "corpus"
+    generated = subprocess.run([sys.executable, str(ROOT / "corpusgen" / "generate.py"), "--n", "40", "--seed", "7",
+                                "--out", str(out), "--jobs", "2"], capture_output=True, text=True, timeout=1200)
+    assert generated.returncode == 0, generated.stdout[-2000:] + generated.stderr[-2000:]
+    programs = list(out.glob("*/truth.json"))
+    assert len(programs) >= 40
+    scored = subprocess.run([sys.executable, str(ROOT / "corpusgen" / "score.py"), str(out)],
+                            capture_output=True, text=True, timeout=1200)
+    summary = scored.stdout.strip().splitlines()[-1] if scored.stdout.strip() else ""
+    assert summary.startswith("corpus: roles "), scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert scored.returncode == 0, "\n".join(
+        line for line in scored.stdout.splitlines() if line.startswith("  ") and "known:" not in line)[-6000:]
