@@ -199,6 +199,8 @@ class Module:
             elif instr.opcode == "tuple":
                 for k, operand in enumerate(instr.operands):
                     link_all(slots(comp, operand), [(comp, me, k)])
+            elif instr.opcode == "opt-barrier":
+                link_slotwise(comp, instr.operands[0], comp, me)  # a tuple passed through, element by element
             elif instr.opcode == "while":
                 body, cond = called["body"][0], called["condition"][0]
                 body_param = self.parameters(body)[0].name

@@ -55,7 +55,7 @@ _PASS = frozenset({
     "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad", "tuple", "get-tuple-element",
     "while", "call", "conditional", "parameter", "all-reduce", "reduce-scatter", "all-gather",
     "collective-permute", "all-to-all", "exponential", "log", "tanh", "compare", "and", "or", "not",
-    "optimization-barrier", "custom-call", "fusion", "async-start", "async-done", "all-reduce-start",
+    "opt-barrier", "custom-call", "fusion", "async-start", "async-done", "all-reduce-start",
     "all-reduce-done", "all-gather-start", "all-gather-done",
 })
 _MOVES = frozenset({"copy", "bitcast", "reshape", "transpose", "convert"})

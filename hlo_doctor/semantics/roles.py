@@ -87,7 +87,7 @@ _GRADIENT_PATH = frozenset({
     "dynamic-update-slice", "slice", "concatenate", "pad", "tuple", "get-tuple-element", "all-reduce",
     "reduce-scatter", "all-gather", "all-to-all", "collective-permute", "all-reduce-start", "all-reduce-done",
     "all-gather-start", "all-gather-done", "collective-permute-start", "collective-permute-done",
-    "optimization-barrier", "parameter", "fusion", "call", "while", "async-start", "async-done", "reduce",
+    "opt-barrier", "parameter", "fusion", "call", "while", "async-start", "async-done", "reduce",
 })
 # States a search for a weight's update visits at most (an optimizer's update is a few ops).
 _UPDATE_SEARCH = 256
@@ -462,6 +462,9 @@ class _Judge:
                     for position, operand in enumerate(graph.operand_ids[user]):
                         if operand == node:
                             queue.append((user, position))
+                    continue
+                if opcode == "opt-barrier":
+                    queue.append((user, slot))  # a tuple passed through as it is
                     continue
                 if opcode == "get-tuple-element":
                     index = instruction.attribute("index")
