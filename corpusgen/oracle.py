@@ -22,8 +22,8 @@ The definitions (those of ``hlo-doctor collectives``):
 - ``scalar-reduce``: a reduction of at most 64 elements (every weight of a
   generated program is larger);
 - ``index-gather``: integer or boolean operands;
-- ``reshard``: an all-gather used only by dynamic slices (gathered, then cut
-  again), an all-to-all or permute outside an expert or pipeline block;
+- ``reshard``: an all-gather used only by dynamic slices (gathered, then each
+  device cuts its piece again), an all-to-all or permute outside an expert or pipeline block;
 - ``expert-dispatch`` / ``pipeline-send``: an all-to-all / permute inside the
   generator's ``moe`` / ``pipeline`` scope;
 - ``other``: a reduction of weights only, a collective whose groups are all of
@@ -80,6 +80,8 @@ class LabelledCollective:
 
 
 def phase_of(op_name: str, optimizer_scope: str = "optimizer") -> str:
+    if not op_name:
+        return "unknown"  # an op the partitioner made without metadata
     if f"{optimizer_scope}/" in op_name or op_name.endswith(optimizer_scope):
         return "optimizer"
     if "transpose(" in op_name:
@@ -231,15 +233,16 @@ class _Labeller:
         return all(dims[int(d)] == 1 for d in match.group(1).split(",") if d)
 
     def only_sliced(self, instr: Instr) -> bool:
-        """Whether every use of ``instr`` (through moves) is a dynamic slice: gathered to be cut again."""
+        """Whether every use of ``instr`` (through moves) is a dynamic slice: gathered, then each device
+        cuts its own piece again."""
         frontier, found = [instr], False
         while frontier:
             current = frontier.pop()
             for user in self.users.get((current.computation, current.name), ()):
                 if user.opcode in _MOVES:
                     frontier.append(user)
-                elif user.opcode in ("dynamic-slice", "slice"):
-                    found = True
+                elif user.opcode == "dynamic-slice":
+                    found = True  # each device cuts its own piece again (a static slice only drops padding)
                 else:
                     return False
         return found

@@ -33,6 +33,8 @@ ENTRY main {
   flat = f32[8,24] reshape(x)
   merged = f32[192] reshape(flat)
   split = f32[2,4,24] reshape(flat)
+  cut = f32[2,4,24] reshape(flat)
+  moved = f32[2,4,24] all-to-all(cut), dimensions={0}, replica_groups={{0,1}}
   tr = f32[24,8] transpose(flat), dimensions={1,0}
   bc = f32[3,24,8] broadcast(tr), dimensions={1,2}
   summed = f32[24] reduce(tr, c0), dimensions={1}, to_apply=add
@@ -45,7 +47,7 @@ ENTRY main {
   init = (s32[], f32[8,24]) tuple(zero, flat)
   loop = (s32[], f32[8,24]) while(init), condition=cond, body=body
   out = f32[8,24] get-tuple-element(loop), index=1
-  ROOT r = (f32[8,5], f32[5,8], f32[192], f32[2,4,24], f32[3,24,8], f32[24], f32[24,8], f32[8,24]) tuple(y, yt, merged, split, bc, summed, cast, out)
+  ROOT r = (f32[8,5], f32[5,8], f32[192], f32[2,4,24], f32[3,24,8], f32[24], f32[24,8], f32[8,24], f32[2,4,24]) tuple(y, yt, merged, split, bc, summed, cast, out, moved)
 }
 
 add {
@@ -67,7 +69,8 @@ def test_batch_dim_through_each_kind_of_op():
 
     assert dims("flat") == {0}          # [8,4,6] -> [8,24]: dim 0 kept
     assert dims("merged") == {0}        # merged into one dim that holds the batch
-    assert dims("split") == {1}         # 8*24 -> 2*4*24: split, into its largest piece (4)
+    assert dims("split") == {0}         # 8 -> 2*4, the program's own reshape: into its major piece (2)
+    assert dims("cut") == {1}           # the same split feeding an all-to-all: into its largest piece (4)
     assert dims("tr") == {1}            # transpose by the permutation
     assert dims("bc") == {2}            # broadcast by dimensions={1,2}
     assert dims("summed") == set()      # reduced away

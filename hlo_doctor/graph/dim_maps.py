@@ -4,7 +4,8 @@ per-dim facts by (the batch dim of :mod:`hlo_doctor.semantics.batch_dims`).
 A map has one entry per operand dim: the output dim it becomes, or -1 where it ends. Ops with
 one mapped operand have one map: ``transpose`` (by the permutation), ``broadcast`` (by
 ``dimensions``), ``reduce`` (the kept dims), ``reshape`` and ``bitcast`` (a dim kept, merged
-into one output dim, or split: then into its largest piece, which is how the partitioner's
+into one output dim, or split: then into its major piece, where a program's own fold put it; next
+to an all-to-all, and for a bitcast, into its largest piece, which is how the partitioner's
 all-to-all reshards read; a bitcast on the physical, major-to-minor dims). A dot or convolution
 has one per operand: free and batch dims map to the output, contracting dims end.
 
@@ -97,9 +98,18 @@ def _node_map(graph: DataflowGraph, node: int, maps: DimMaps) -> DimMap | None:
         key = (opcode, instruction.dimensions or (), rank)
     elif opcode == "bitcast":
         key = (opcode, operand, instruction.shape)
+    elif opcode == "reshape":
+        key = (opcode, operand.dims, instruction.shape.dims, _next_to_all_to_all(graph, node, sources[0]))
     else:
         key = (opcode, operand.dims, instruction.shape.dims)
     return _cached_map(key)
+
+
+def _next_to_all_to_all(graph: DataflowGraph, node: int, source: int) -> bool:
+    """Whether a reshape feeds or reads an all-to-all: the partitioner's reshard cuts a dim into
+    [pieces, rest] around one, and the batch then stays with the larger part."""
+    at = graph.instruction_at
+    return at[source].opcode == "all-to-all" or any(at[u].opcode == "all-to-all" for u in graph.user_ids[node])
 
 
 @lru_cache(maxsize=8192)
@@ -133,13 +143,21 @@ def _dim_map(key: tuple) -> DimMap:
         _, before, after = key
         moved = [_bitcast(frozenset({(0, d)}), before, after) for d in range(before.rank)]
     else:
-        _, before_dims, after_dims = key
-        moved = [reshape_pairs(frozenset({(0, d)}), before_dims, after_dims) for d in range(len(before_dims))]
+        _, before_dims, after_dims, *context = key
+        largest = bool(context and context[0])
+        moved = [reshape_pairs(frozenset({(0, d)}), before_dims, after_dims, split_to_largest=largest)
+                 for d in range(len(before_dims))]
     return (tuple(next(iter(out))[1] if out else -1 for out in moved),)
 
 
-def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]) -> Pairs:
-    """``source``'s (anything, dim) pairs with each dim moved through a reshape ``before`` -> ``after``."""
+def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...], *,
+                  split_to_largest: bool = True) -> Pairs:
+    """``source``'s (anything, dim) pairs with each dim moved through a reshape ``before`` -> ``after``.
+
+    A dim split into pieces goes to its largest piece with ``split_to_largest`` (the partitioner's
+    all-to-all reshards cut ``[k * b]`` into ``[k, b]``), else to its major piece: a program's own
+    reshape that splits a dim it folded (``[B * S] -> [B, S]``, ``[B * H] -> [B, H]``) gives the
+    batch back to the major dim, where the fold put it."""
     out: set = set()
     for before_dims, after_dims in _reshape_groups(before, after):
         if len(before_dims) > 1 and len(after_dims) > 1:
@@ -147,7 +165,10 @@ def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]
         if len(after_dims) == 1:
             target = after_dims[0]  # kept, or merged into one dim that now holds the batch
         else:
-            target = max(after_dims, key=lambda e: (after[e], -e))  # split: the largest piece
+            if split_to_largest:
+                target = max(after_dims, key=lambda e: (after[e], -e))
+            else:
+                target = next((e for e in after_dims if after[e] > 1), after_dims[0])
         out.update((p, target) for p, d in source if d in before_dims)
     return frozenset(out)
 

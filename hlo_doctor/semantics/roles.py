@@ -54,6 +54,7 @@ from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph, NodeKey, set_bits
 from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 from hlo_doctor.semantics.collective_model import CollectiveFacts, OperandFacts
+from hlo_doctor.semantics.gradients import UPDATES, UpdateSearch, is_parameter_value
 from hlo_doctor.semantics.parameters import EntryParameters, is_integer
 
 __all__ = [
@@ -75,22 +76,8 @@ PHASES = ("forward", "backward", "optimizer", "unknown")
 SCALAR_ELEMENTS = 64
 _REDUCING = frozenset({"all-reduce", "reduce-scatter"})
 # Elementwise ops an optimizer updates a weight with, and ops that move a value unchanged.
-_UPDATES = frozenset({"add", "subtract", "multiply", "divide", "select", "fusion"})
-_MOVES = frozenset({"convert", "copy", "bitcast", "reshape", "get-tuple-element", "transpose", "dynamic-slice"})
 # How far the neighbourhood searches (expert matmuls, pipeline stages, gradient targets) look.
 _HOPS = 12
-# Ops a gradient passes through on its way to its weight's update without changing what it is:
-# elementwise arithmetic, moves, slices of a shard, collectives, loop and call plumbing.
-_GRADIENT_PATH = frozenset({
-    "add", "subtract", "multiply", "divide", "negate", "sqrt", "rsqrt", "power", "maximum", "minimum", "abs",
-    "sign", "select", "clamp", "convert", "copy", "bitcast", "reshape", "transpose", "dynamic-slice",
-    "dynamic-update-slice", "slice", "concatenate", "pad", "tuple", "get-tuple-element", "all-reduce",
-    "reduce-scatter", "all-gather", "all-to-all", "collective-permute", "all-reduce-start", "all-reduce-done",
-    "all-gather-start", "all-gather-done", "collective-permute-start", "collective-permute-done",
-    "opt-barrier", "parameter", "fusion", "call", "while", "async-start", "async-done", "reduce",
-})
-# States a search for a weight's update visits at most (an optimizer's update is a few ops).
-_UPDATE_SEARCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +116,6 @@ class _Judge:
         self.weight_mask = _mask(params.weights)
         self._ordered: dict[int, tuple[int, ...]] = {}
         self._contracting: dict[int, bool] = {}  # matmul node -> whether it contracts a batch dim
-        self._reaches_update: dict[int, bool] = {}
         self._shared_ints: list[int] = []
 
     def ordered(self, bits: int) -> tuple[int, ...]:
@@ -189,7 +175,10 @@ class _Judge:
             return OperandRole("index-gather", self.ordered(data_bits or bits),
                                f"operand is {shape}: integer or boolean data (indices, labels, masks)")
         if kind in _REDUCING and shape.num_elements <= SCALAR_ELEMENTS and not batch_dims and (
-                not data or self.gradient_target(facts, operand) is None):
+                not data or self.gradient_target(facts, operand) is None) and (
+                shape.num_elements <= 1 or not data):
+            # (several elements derived from the data are per-token partial sums whose batch dim the
+            # tracking lost, as a vocab-parallel softmax makes: an activation's, below)
             return OperandRole("scalar-reduce", self.ordered(bits),
                                f"operand is {shape}, {shape.num_elements} element(s): a loss, metric or norm")
         if kind == "ragged-all-to-all":
@@ -242,9 +231,9 @@ class _Judge:
                                    f"operand carries dim {dim} of the batch input {self.names([param])}: partial "
                                    "sums of an activation (tensor parallelism)")
             source = self.contracting_dot(operand.key)
-            if not self.params.state or node in self.forward_nodes:
-                # no update reached, no batch-contracting matmul upstream (or no training at all):
-                # partial sums of an activation whose batch dim the tracking lost
+            if not self.params.state or node in self.forward_nodes or not self._weight_shaped(facts, operand):
+                # no update reached, and no training, or in the forward pass, or not of a weight's
+                # shape: partial sums of an activation whose batch dim the tracking lost
                 return OperandRole("activation-reduce", self.ordered(data_bits),
                                    f"operand derives from the data {self.names(data)} and is no weight's gradient "
                                    "(it reaches no update through elementwise ops): partial sums of an activation")
@@ -287,7 +276,10 @@ class _Judge:
             return OperandRole("gradient-reduce", self.ordered(data_bits),
                                "a ring rotation of partial sums over the batch (its batch dim contracted): a "
                                "gradient reduce-scattered in pieces (a windowed einsum)")
-        stage = self.pipeline_stage(facts, operand) if data else None
+        # A pipeline stage sends to another device on every pair; a permute that leaves some
+        # devices' data where it is (self pairs) reorders a layout: a reshard.
+        keeps_some = any(len(p) == 2 and p[0] == p[1] for p in facts.op.logical_groups)
+        stage = self.pipeline_stage(facts, operand) if data and not keeps_some else None
         if stage is not None:
             return OperandRole("pipeline-send", self.ordered(data_bits),
                                f"the output of {stage} is sent to the next device and carried into the "
@@ -402,7 +394,7 @@ class _Judge:
         weights = self.params.weights
         for node, _ in self._walk(facts.result_key, forward=True, limit=8):
             instruction = at[node]
-            if instruction.opcode not in _UPDATES or instruction.shape.is_tuple:
+            if instruction.opcode not in UPDATES or instruction.shape.is_tuple:
                 continue
             for source in graph.operand_ids[node]:
                 if source == NO_NODE or at[source].shape.dims != instruction.shape.dims:
@@ -418,15 +410,12 @@ class _Judge:
         return matches[0] if len(matches) == 1 else None
 
     def reaches_update(self, start: int) -> bool:
-        """Whether the value of node ``start`` reaches the update of a weight (``w - lr * g``: an
-        elementwise op with a weight's own value, of its shape) through elementwise ops and moves
-        only: it is already (a piece of) that weight's gradient, not an activation that a later
-        matmul turns into one. Tuples are followed element by element, so a loop's carried
-        gradient accumulator and its activations stay apart."""
-        found = self._reaches_update.get(start)
-        if found is None:
-            found = self._reaches_update[start] = self._search_update(start)
-        return found
+        """Whether node ``start``'s value is already a weight's gradient (see :mod:`hlo_doctor.semantics.gradients`)."""
+        return self.updates.reaches_update(start)
+
+    @cached_property
+    def updates(self) -> UpdateSearch:
+        return UpdateSearch(self.graph, self.params, self.weights_by_dims)
 
     @cached_property
     def forward_nodes(self) -> frozenset[int]:
@@ -434,86 +423,8 @@ class _Judge:
         losses = _loss_nodes(self.graph, self.params)
         return frozenset(self.graph.reach_ids(losses, forward=False)) if losses else frozenset()
 
-    def _search_update(self, start: int) -> bool:
-        if not self.params.state:
-            return False  # no training step: nothing is updated
-        graph = self.graph
-        at = graph.instruction_at
-        weights = self.params.weights | self.params.state
-        entry = graph.module.entry
-        root = graph.id_of((entry.name, entry.root.name)) if entry is not None and entry.root is not None else None
-        seen: set[tuple[int, int]] = set()
-        queue: deque[tuple[int, int]] = deque([(start, -1)])  # (node, tuple element or -1)
-        while queue and len(seen) < _UPDATE_SEARCH:
-            node, slot = queue.popleft()
-            if (node, slot) in seen:
-                continue
-            seen.add((node, slot))
-            for target, _ in graph.calls_out_of.get(node, ()):
-                queue.append((target, slot))
-            if slot != -1 and node == root and self._returns_weight_shaped(node, slot):
-                return True  # the step returns it as a weight's gradient (torch_xla's graphs do)
-            for user in graph.user_ids[node]:
-                instruction = at[user]
-                opcode = instruction.opcode
-                if opcode not in _GRADIENT_PATH or opcode in ("while", "call", "fusion", "async-start"):
-                    continue  # a call's operand reaches its callee by the calls_out_of edges above
-                if opcode == "tuple":
-                    for position, operand in enumerate(graph.operand_ids[user]):
-                        if operand == node:
-                            queue.append((user, position))
-                    continue
-                if opcode == "opt-barrier":
-                    queue.append((user, slot))  # a tuple passed through as it is
-                    continue
-                if opcode == "get-tuple-element":
-                    index = instruction.attribute("index")
-                    if slot == -1 or index is None or int(index) == slot:
-                        queue.append((user, -1))
-                    continue
-                if slot != -1:
-                    continue  # a whole tuple read by an array op: not followed
-                if opcode == "reduce" and not _degenerate_reduce(graph, user):
-                    continue
-                if opcode in _UPDATES and not instruction.shape.is_tuple and self._updates_weight(user, node, weights):
-                    return True
-                queue.append((user, -1))
-        return False
-
-    def _returns_weight_shaped(self, root: int, slot: int) -> bool:
-        operands = self.graph.operand_ids[root]
-        if self.graph.instruction_at[root].opcode != "tuple" or slot >= len(operands) or operands[slot] == NO_NODE:
-            return False
-        shape = self.graph.instruction_at[operands[slot]].shape
-        return not shape.is_tuple and shape.rank > 0 and shape.dims in self.weights_by_dims
-
-    def _updates_weight(self, node: int, via: int, weights) -> bool:
-        """Whether elementwise ``node`` combines ``via`` with a weight's own value of its shape."""
-        at = self.graph.instruction_at
-        dims = at[node].shape.dims
-        for source in self.graph.operand_ids[node]:
-            if source in (via, NO_NODE) or at[source].shape.dims != dims:
-                continue
-            bits = self.graph.parameter_bits(source)
-            if bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in weights and \
-                    self._is_parameter_value(source):
-                return True
-        return False
-
     def _is_parameter_value(self, node: int) -> bool:
-        """Whether ``node`` is a parameter's value, moved but not computed (converts, copies, loop state)."""
-        at = self.graph.instruction_at
-        for _ in range(6):
-            opcode = at[node].opcode
-            if opcode == "parameter":
-                return True
-            if opcode not in _MOVES:
-                return False
-            sources = [s for s in self.graph.operand_ids[node] if s != NO_NODE]
-            if not sources:
-                return False
-            node = sources[0]
-        return False
+        return is_parameter_value(self.graph, node)
 
 
 def _mask(numbers) -> int:  # noqa: ANN001
@@ -589,18 +500,6 @@ def assign_roles(
         CollectiveRole(facts, main.role, phase, main.parameters, main.reason, operands)
         for (facts, main, operands), phase in zip(judged, phases, strict=False)
     )
-
-
-def _degenerate_reduce(graph: DataflowGraph, node: int) -> bool:
-    """A reduce over dims of size 1 only: a reshape, not a contraction."""
-    instruction = graph.instruction_at[node]
-    operand = graph.operand_ids[node][0] if graph.operand_ids[node] else NO_NODE
-    text = instruction.attribute("dimensions")
-    if operand == NO_NODE or not text:
-        return False
-    dims = graph.instruction_at[operand].shape.dims
-    reduced = [int(d) for d in text.strip("{} ").split(",") if d.strip()]
-    return all(d < len(dims) and dims[d] == 1 for d in reduced)
 
 
 def _phases(graph: DataflowGraph, params: EntryParameters, judged) -> list[str]:

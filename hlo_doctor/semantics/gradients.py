@@ -1,0 +1,150 @@
+"""Whether a value is already a weight's gradient: it reaches the weight's update elementwise.
+
+A reduction of a value derived from the batch is a gradient reduction when its
+result reaches the update of a weight (``w - lr * g``: an elementwise op with
+the weight's own value, of its shape) through elementwise ops and moves only,
+or is returned as a weight-shaped output (a torch_xla graph returns the
+gradients): it is then (a piece of) that weight's gradient, not an
+activation's partial sum that a later matmul turns into one. The walk follows
+tuples element by element (``tuple``, ``get-tuple-element``, loop state,
+``opt-barrier``), so a loop's carried gradient accumulator and its activations
+stay apart. Only a training step (one that updates state) has gradients.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+from hlo_doctor.graph.dataflow import NO_NODE, DataflowGraph
+from hlo_doctor.semantics.parameters import EntryParameters
+
+__all__ = ["GRADIENT_PATH", "MOVES", "UPDATES", "UpdateSearch", "degenerate_reduce", "is_parameter_value"]
+
+# Ops a gradient passes through on its way to its weight's update without changing what it is:
+# elementwise arithmetic, moves, slices of a shard, collectives, loop and call plumbing.
+GRADIENT_PATH = frozenset({
+    "add", "subtract", "multiply", "divide", "negate", "sqrt", "rsqrt", "power", "maximum", "minimum", "abs",
+    "sign", "select", "clamp", "convert", "copy", "bitcast", "reshape", "transpose", "dynamic-slice",
+    "dynamic-update-slice", "slice", "concatenate", "pad", "tuple", "get-tuple-element", "all-reduce",
+    "reduce-scatter", "all-gather", "all-to-all", "collective-permute", "all-reduce-start", "all-reduce-done",
+    "all-gather-start", "all-gather-done", "collective-permute-start", "collective-permute-done",
+    "opt-barrier", "parameter", "fusion", "call", "while", "async-start", "async-done", "reduce",
+})
+# States a search for a weight's update visits at most (an optimizer's update is a few ops).
+UPDATE_SEARCH = 256
+# Elementwise ops an optimizer updates a weight with, and ops that move a value unchanged.
+UPDATES = frozenset({"add", "subtract", "multiply", "divide", "select", "fusion"})
+MOVES = frozenset({"convert", "copy", "bitcast", "reshape", "get-tuple-element", "transpose", "dynamic-slice"})
+
+
+class UpdateSearch:
+    """Answers :meth:`reaches_update` for the nodes of one graph, each once."""
+
+    def __init__(self, graph: DataflowGraph, params: EntryParameters,
+                 weights_by_dims: Mapping[tuple[int, ...], list[int]]) -> None:
+        self.graph = graph
+        self.params = params
+        self.weights_by_dims = weights_by_dims
+        self._found: dict[int, bool] = {}
+
+    def reaches_update(self, start: int) -> bool:
+        """Whether node ``start``'s value reaches a weight's update (or a weight-shaped output)
+        through elementwise ops and moves only."""
+        found = self._found.get(start)
+        if found is None:
+            found = self._found[start] = bool(self.params.state) and self._search_update(start)
+        return found
+
+    def _search_update(self, start: int) -> bool:
+        graph = self.graph
+        at = graph.instruction_at
+        weights = self.params.weights | self.params.state
+        entry = graph.module.entry
+        root = graph.id_of((entry.name, entry.root.name)) if entry is not None and entry.root is not None else None
+        seen: set[tuple[int, int]] = set()
+        queue: deque[tuple[int, int]] = deque([(start, -1)])  # (node, tuple element or -1)
+        while queue and len(seen) < UPDATE_SEARCH:
+            node, slot = queue.popleft()
+            if (node, slot) in seen:
+                continue
+            seen.add((node, slot))
+            for target, _ in graph.calls_out_of.get(node, ()):
+                queue.append((target, slot))
+            if slot != -1 and node == root and self._returns_weight_shaped(node, slot):
+                return True  # the step returns it as a weight's gradient (torch_xla's graphs do)
+            for user in graph.user_ids[node]:
+                instruction = at[user]
+                opcode = instruction.opcode
+                if opcode not in GRADIENT_PATH or opcode in ("while", "call", "fusion", "async-start"):
+                    continue  # a call's operand reaches its callee by the calls_out_of edges above
+                if opcode == "tuple":
+                    for position, operand in enumerate(graph.operand_ids[user]):
+                        if operand == node:
+                            queue.append((user, position))
+                    continue
+                if opcode == "opt-barrier":
+                    queue.append((user, slot))  # a tuple passed through as it is
+                    continue
+                if opcode == "get-tuple-element":
+                    index = instruction.attribute("index")
+                    if slot == -1 or index is None or int(index) == slot:
+                        queue.append((user, -1))
+                    continue
+                if slot != -1:
+                    continue  # a whole tuple read by an array op: not followed
+                if opcode == "reduce" and not degenerate_reduce(graph, user):
+                    continue
+                if opcode in UPDATES and not instruction.shape.is_tuple and self._updates_weight(user, node, weights):
+                    return True
+                queue.append((user, -1))
+        return False
+
+    def _returns_weight_shaped(self, root: int, slot: int) -> bool:
+        operands = self.graph.operand_ids[root]
+        if self.graph.instruction_at[root].opcode != "tuple" or slot >= len(operands) or operands[slot] == NO_NODE:
+            return False
+        shape = self.graph.instruction_at[operands[slot]].shape
+        return not shape.is_tuple and shape.rank > 0 and shape.dims in self.weights_by_dims
+
+    def _updates_weight(self, node: int, via: int, weights) -> bool:
+        """Whether elementwise ``node`` combines ``via`` with a weight's own value of its shape."""
+        at = self.graph.instruction_at
+        dims = at[node].shape.dims
+        for source in self.graph.operand_ids[node]:
+            if source in (via, NO_NODE) or at[source].shape.dims != dims:
+                continue
+            bits = self.graph.parameter_bits(source)
+            if bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in weights and \
+                    is_parameter_value(self.graph, source):
+                return True
+        return False
+
+
+
+def degenerate_reduce(graph: DataflowGraph, node: int) -> bool:
+    """A reduce over dims of size 1 only: a reshape, not a contraction."""
+    instruction = graph.instruction_at[node]
+    operand = graph.operand_ids[node][0] if graph.operand_ids[node] else NO_NODE
+    text = instruction.attribute("dimensions")
+    if operand == NO_NODE or not text:
+        return False
+    dims = graph.instruction_at[operand].shape.dims
+    reduced = [int(d) for d in text.strip("{} ").split(",") if d.strip()]
+    return all(d < len(dims) and dims[d] == 1 for d in reduced)
+
+
+def is_parameter_value(graph: DataflowGraph, node: int) -> bool:
+    """Whether ``node`` is a parameter's value, moved but not computed (converts, copies, loop state)."""
+    at = graph.instruction_at
+    for _ in range(6):
+        opcode = at[node].opcode
+        if opcode == "parameter":
+            return True
+        if opcode not in MOVES:
+            return False
+        sources = [s for s in graph.operand_ids[node] if s != NO_NODE]
+        if not sources:
+            return False
+        node = sources[0]
+    return False
