@@ -164,11 +164,10 @@ def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]
             continue  # dims regrouped: no dim survives
         if len(after_dims) == 1:
             target = after_dims[0]  # kept, or merged into one dim that now holds the batch
+        elif split_to_largest:
+            target = max(after_dims, key=lambda e: (after[e], -e))
         else:
-            if split_to_largest:
-                target = max(after_dims, key=lambda e: (after[e], -e))
-            else:
-                target = next((e for e in after_dims if after[e] > 1), after_dims[0])
+            target = next((e for e in after_dims if after[e] > 1), after_dims[0])
         out.update((p, target) for p, d in source if d in before_dims)
     return frozenset(out)
 
