@@ -19,7 +19,7 @@ from hlo_doctor._gc import paused_gc
 from hlo_doctor.dump import Dump, DumpModule, load_dump
 from hlo_doctor.dump.snapshot import DumpError
 from hlo_doctor.errors import InputError, one_line
-from hlo_doctor.findings import ModuleSummary, Report, ReportError
+from hlo_doctor.findings import ModuleSummary, Report, ReportError, RuleInfo
 from hlo_doctor.graph.source import split_module_path
 from hlo_doctor.rules import (
     AnalysisOptions,
@@ -31,6 +31,7 @@ from hlo_doctor.rules import (
     select_rules,
 )
 from hlo_doctor.rules.base import Rule
+from hlo_doctor.rules.drawings import module_inventory, with_pictures
 from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
 from hlo_doctor.semantics.hardware import HardwareProfile, load_profile
@@ -139,6 +140,7 @@ def _analyze(
         errors=tuple(errors),
         skipped=tuple(skipped),
         rules=tuple(chosen),
+        rule_info=tuple(RuleInfo(rule.id, rule.summary, rule.severity, type(rule).__doc__ or "") for rule in rules),
         hardware=profile.name if profile is not None else None,
         verbose=verbose,
         devices_per_host=devices_per_host,
@@ -201,12 +203,21 @@ def _analyze_module(
 ) -> _ModuleOutcome:
     ctx = RuleContext(dump, module, options)
     module_findings, module_skips = run_module_rules(ctx, rules, jobs=jobs)
+    # What the reports draw (the HTML pictures and inventory), made while the module is loaded:
+    # a report renders from the Report alone and never reads the dump again.
+    module_findings = with_pictures(ctx, module_findings)
     errors: list[ReportError] = []
     try:
         collectives = _collective_summary(ctx)
     except Exception as error:  # noqa: BLE001 - the summary must not end the run
         collectives = {}
         errors.append(ReportError(str(dump.path), f"collective summary failed: {type(error).__name__}: "
+                                                  f"{one_line(str(error), 200)}", module.key))
+    try:
+        inventory = module_inventory(ctx)
+    except Exception as error:  # noqa: BLE001 - the inventory must not end the run
+        inventory = None
+        errors.append(ReportError(str(dump.path), f"communication inventory failed: {type(error).__name__}: "
                                                   f"{one_line(str(error), 200)}", module.key))
     module_errors = module.errors
     errors.extend(ReportError(e.path, e.message, module.key) for e in module_errors)
@@ -220,6 +231,7 @@ def _analyze_module(
         errors=tuple(e.message for e in module_errors),
         collectives=collectives,
         framework=ctx.framework,
+        inventory=inventory,
     )
     if release:
         ctx.__dict__.clear()  # the shared analyses, which hold cycles back to the context
