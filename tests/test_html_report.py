@@ -77,6 +77,15 @@ def test_the_page_is_drawn_from_the_report_alone(report, monkeypatch):
     assert page.count('<svg class="picture ') == 3 * len(report.findings)
 
 
+def test_symptoms_are_a_table_of_kinds(report):
+    page = render(report, "html")
+    # the seed: the two activation gathers of the feature-sharded layer, 600 KiB + 450 KiB over the wire
+    assert ("<tr><td>activation all-gather</td><td>2</td><td>1.03 MiB</td><td>activation-all-gather</td></tr>"
+            in page)
+    assert "<summary>each symptom (2)</summary>" in page
+    assert "it also causes" not in page
+
+
 @pytest.mark.parametrize("fixture", ["fsdp-activation-gather/jax-shardy-bad", "hf-1d-params-torch-xla/torch_xla-bad"])
 def test_format_html_parses_the_dump_once(fixture, tmp_path, monkeypatch):
     """`analyze --format html` parses each snapshot once, the ones `--format text` parses, and still draws."""

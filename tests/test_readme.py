@@ -62,7 +62,7 @@ def test_quick_start_prints_the_diagnosis_and_the_fix(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, shlex.split(doctor)[1:])
     assert result.exit_code == 0, result.output
-    for expected in ("(activation-all-gather, 600 KiB over the wire per device)",
+    for expected in ("  symptoms: 2 activation all-gathers, 1.03 MiB per step (activation-all-gather)\n",
                      "fsdp_activation_gather.py:49:9: warning non-batch-dim-sharding ",
                      "jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))"):
         assert expected in result.output

@@ -20,6 +20,8 @@ CASES = {
     "seed-shardy-bad": "fixtures/fsdp-activation-gather/jax-shardy-bad",
     "seed-torch_xla-bad": "fixtures/fsdp-activation-gather/torch_xla-bad",
     "seed-shardy-fixed": "fixtures/fsdp-activation-gather/jax-shardy-fixed",
+    # the seed's own 1-D strategy: one root cause with 17 symptoms of three kinds
+    "seed-1d-torch_xla-bad": "fixtures/hf-1d-params-torch-xla/torch_xla-bad",
 }
 SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif", "markdown": "md", "github": "txt", "html": "html"}
 

@@ -1,7 +1,8 @@
 """The HTML report: one self-contained file (inline CSS, JS and SVG; no network).
 
-Per finding: the message, the source snippet, the fix with a copy button, and
-three pictures (:mod:`hlo_doctor.report.svg`): the dataflow neighbourhood of the op,
+Per finding: the message, the source snippet, its symptoms as a table (one row
+per kind, each symptom in a fold-out), the fix with a copy button, and three
+pictures (:mod:`hlo_doctor.report.svg`): the dataflow neighbourhood of the op,
 the device mesh with the collective's replica groups, and bytes per step by
 collective role. Per module: the communication inventory. A
 Content-Security-Policy forbids every fetch.
@@ -25,6 +26,7 @@ from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.report.source import SourcePolicy, source_lines
 from hlo_doctor.report.svg import Bar, bars_svg, dataflow_svg, mesh_svg
+from hlo_doctor.report.symptoms import symptom_kinds, symptoms_of
 from hlo_doctor.report.text import bytes_line, fixes_for
 from hlo_doctor.units import format_bytes
 
@@ -105,6 +107,9 @@ def _finding(number: int, finding: Finding, inventory: Inventory | None, framewo
             parts.append('<pre class="source">' + "".join(
                 f'<span class="line{" hit" if n == finding.source.line else ""}"><span class="number">{n}</span> '
                 f'{html_text(text)}</span>' for n, text in lines) + "</pre>")
+    symptoms = _symptoms(finding)
+    if symptoms:
+        parts.append(symptoms)
     if finding.suggestion is not None:
         parts.append(_fix(anchor, finding, framework))
     moved = bytes_line(finding)
@@ -114,6 +119,34 @@ def _finding(number: int, finding: Finding, inventory: Inventory | None, framewo
         parts.append(_pictures(finding, finding.pictures, inventory))
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _symptoms(finding: Finding) -> str:
+    """The symptoms it causes: one row per kind (count, bytes per step, rules), each symptom in a fold-out."""
+    kinds = symptom_kinds(finding)
+    if not kinds:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html_text(kind.kind)}</td><td>{kind.count}</td>"
+        f"<td>{html_text(format_bytes(kind.wire_bytes_per_step)) if kind.wire_bytes_per_step is not None else ''}</td>"
+        f"<td>{html_text(', '.join(kind.rules))}</td></tr>" for kind in kinds)
+    each = "".join(
+        f"<tr><td><code>{html_text(symptom.get('instruction') or '')}</code></td>"
+        f"<td>{html_text(symptom.get('kind') or '')}</td><td>{html_text(symptom['rule'])}</td>"
+        f"<td>{_bytes_cell(symptom.get('wire_bytes_per_step'))}</td>"
+        f"<td>{html_text(symptom.get('message') or '')}</td></tr>" for symptom in symptoms_of(finding))
+    total = sum(kind.count for kind in kinds)
+    return (f'<div class="symptoms"><p><strong>symptoms:</strong> {total} finding{"s" if total != 1 else ""} '
+            "of other rules that this cause explains</p>"
+            '<table class="symptoms"><thead><tr><th>kind</th><th>count</th><th>wire bytes per device per step</th>'
+            f"<th>rules</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"<details><summary>each symptom ({total})</summary>"
+            '<table class="symptoms"><thead><tr><th>op</th><th>kind</th><th>rule</th><th>wire bytes per step</th>'
+            f"<th>message</th></tr></thead><tbody>{each}</tbody></table></details></div>")
+
+
+def _bytes_cell(value: Any) -> str:
+    return html_text(format_bytes(value)) if isinstance(value, int) and not isinstance(value, bool) else ""
 
 
 def _location(finding: Finding) -> str:
@@ -237,8 +270,9 @@ svg.picture{border:1px solid #e5e7eb;border-radius:6px;background:#fff;max-width
 svg text{font-family:system-ui,sans-serif}.caption{font-size:12px;font-weight:600;fill:#374151}
 .node-label{font-size:11.5px;font-weight:600}.node-detail,.edge-label,.edge-sharding,.legend,.bar-value{font-size:10.5px;
 fill:#4b5563}.edge-sharding{fill:#7c3aed}.device-label{font-size:11px}.bar-label{font-size:11px}
-table.inventory{border-collapse:collapse;font-size:12px;width:100%}table.inventory th,table.inventory td{
-border-bottom:1px solid #e5e7eb;padding:3px 6px;text-align:left;vertical-align:top}
+table.inventory,table.symptoms{border-collapse:collapse;font-size:12px;width:100%}table.inventory th,
+table.inventory td,table.symptoms th,table.symptoms td{border-bottom:1px solid #e5e7eb;padding:3px 6px;text-align:left;
+vertical-align:top}div.symptoms{margin:6px 0}div.symptoms p{margin:4px 0}details summary{cursor:pointer;font-size:12px}
 .note,.skipped{color:#6b7280}.error{color:#b91c1c}
 """
 
