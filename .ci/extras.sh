@@ -45,7 +45,8 @@ for case in "${cases[@]}"; do
   fi
   venv="$scratch/$name-venv"
   rm -rf "$venv"
-  if ! { "$python" -m venv "$venv" && "$venv/bin/pip" install -q -e "$root[$extras]"; } >"$log" 2>&1; then
+  # --no-compile: no bytecode for the thousands of files of torch and jax a run never imports
+  if ! { "$python" -m venv "$venv" && "$venv/bin/pip" install -q --no-compile -e "$root[$extras]"; } >"$log" 2>&1; then
     echo "extras [$extras]: FAIL: pip install -e '.[$extras]' failed; last lines:"
     tail -n 20 "$log"
     failed=1
