@@ -76,8 +76,12 @@ def symptom_kinds(ctx: RuleContext) -> SymptomKinds:
     (``cross-slice`` on TPU) when its groups cross the slow link, and its wire bytes per step."""
 
     def kinds() -> dict[str, tuple[str, int]]:
-        if ctx.per_device is None:
+        try:
+            return described() if ctx.per_device is not None else {}
+        except Exception:  # noqa: BLE001 - the symptoms are then told by rule; the analysis reports the failure
             return {}
+
+    def described() -> dict[str, tuple[str, int]]:
         slow = "cross-slice" if ctx.device_map.platform == "tpu" else "cross-host"
         found: dict[str, tuple[str, int]] = {}
         for role in ctx.semantics.roles:
