@@ -240,6 +240,8 @@ class Report:
     """findings a baseline accepted, left out of ``findings`` (None: no baseline was applied)"""
     rule_info: tuple[RuleInfo, ...] = ()
     """the rules that ran, described (the ids of ``rules`` that the registry knew)"""
+    drawings: bool = False
+    """whether the analysis made what the HTML report draws (findings' pictures, modules' inventories)"""
 
     def __str__(self) -> str:
         """One line per finding and a count; :func:`hlo_doctor.report.render` gives the full reports."""

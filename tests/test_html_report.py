@@ -116,3 +116,15 @@ def test_format_html_parses_the_dump_once(fixture, tmp_path, monkeypatch):
     assert by_format["html"] == by_format["text"]
     page = (tmp_path / "report.html").read_text()
     assert '<svg class="picture dataflow"' in page and '<svg class="picture mesh"' in page
+
+
+def test_an_analysis_without_drawings_says_so_in_the_page():
+    """The CLI asks for drawings only for --format html; a report made without them still renders."""
+    from hlo_doctor.analysis import analyze_dump
+
+    report = analyze_dump(SEED, drawings=False)
+    assert not report.drawings and all(f.pictures is None for f in report.findings)
+    assert all(module.inventory is None for module in report.modules)
+    page = render(report, "html")
+    assert "pictures and inventories left out: the analysis did not make them" in page
+    assert '<svg class="picture' not in page and "not made by the analysis" in page

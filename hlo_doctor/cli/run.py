@@ -63,7 +63,7 @@ def _summarize(result: RunResult) -> None:
 
 
 def _analyze(dump_dir: Path) -> None:
-    report = analyze_dump(dump_dir)
+    report = analyze_dump(dump_dir, drawings=False)  # a text report
     click.echo(render_text(report, color=False, width=100).rstrip("\n"))
 
 

@@ -48,7 +48,7 @@ def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
         body.append(_finding(number, finding, inventories.get(finding.module), frameworks.get(finding.module),
                              sources))
     for module in report.modules:
-        body.append(_module(module.key, module.inventory))
+        body.append(_module(module.key, module.inventory, report.drawings))
     title = f"hlo-doctor: {relative_path(report.dump)}"
     return _PAGE.format(title=html_text(title), style=_STYLE, script=_SCRIPT, body="\n".join(body))
 
@@ -88,6 +88,9 @@ def _header(report: Report) -> str:
         lines.append(f"<p class=\"skipped\">not judged: <code>{html_text(rule)}</code>{where}: {html_text(reason)}</p>")
     for error in report.errors:
         lines.append(f"<p class=\"error\">error: {html_text(relative_path(error.path))}: {html_text(error.message)}</p>")
+    if not report.drawings:
+        lines.append("<p class=\"note\">pictures and inventories left out: the analysis did not make them "
+                     "(analyze_dump(..., drawings=True) does)</p>")
     return "<header>" + "\n".join(lines) + "</header>"
 
 
@@ -171,9 +174,11 @@ def _fix(anchor: str, finding: Finding, framework: str | None) -> str:
     return "".join(parts)
 
 
-def _module(key: str, inventory: Inventory | None) -> str:
+def _module(key: str, inventory: Inventory | None, drawn: bool) -> str:
     parts = [f'<section class="module"><h2>module <code>{html_text(key)}</code>: communication inventory</h2>']
-    if inventory is None:
+    if not drawn:
+        parts.append('<p class="note">not made by the analysis</p>')
+    elif inventory is None:
         parts.append('<p class="note">no per-device snapshot: collectives unknown</p>')
     elif not inventory:
         parts.append("<p>no collectives</p>")
