@@ -105,10 +105,14 @@ def _collectives(ctx: RuleContext) -> tuple[Collective, ...]:
 
 def _graphs_for(finding: Finding, ctx: RuleContext) -> Iterator[tuple[DataflowGraph, bool]]:
     """Dataflow graphs to look for the finding's op in, with whether their shapes are per device:
-    the snapshot the finding points at, then the per-device one (whose names findings use).
-    Graphs the rules built are reused; a snapshot is never parsed twice."""
+    the per-device one (whose names findings use, and which shows the collectives), then the
+    snapshot the finding points at when this process has parsed it. A picture never parses a
+    snapshot: with the rules split over two processes the other one may have parsed it, and
+    the picture must be the same whatever ``jobs`` is for every op the per-device module has."""
+    if ctx.graph is not None:
+        yield ctx.graph, True
     for snapshot in ctx.module.snapshots:
-        if finding.file is None or str(snapshot.path) != finding.file:
+        if finding.file is None or str(snapshot.path) != finding.file or not snapshot.parsed:
             continue
         module = snapshot.try_module()
         if module is None or module is ctx.per_device:
@@ -116,8 +120,6 @@ def _graphs_for(finding: Finding, ctx: RuleContext) -> Iterator[tuple[DataflowGr
         graph = ctx.sharded_graph if module is ctx.sharded else build_graph(module)
         if graph is not None:
             yield graph, snapshot.role in (Role.AFTER_PARTITIONING, Role.AFTER_OPTIMIZATIONS)
-    if ctx.graph is not None:
-        yield ctx.graph, True
 
 
 def _is_collective(opcode: str) -> bool:
