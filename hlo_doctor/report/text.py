@@ -184,7 +184,8 @@ def fixes_for(suggestion: Suggestion, framework: str | None) -> list[tuple[str, 
 
 
 def bytes_line(finding: Finding) -> str:
-    """The finding's byte counts on one line (``in 200 KiB, out 800 KiB, wire 600 KiB per device``), or ''.
+    """The finding's byte counts on one line (``in 200 KiB, out 800 KiB, wire 600 KiB per device``;
+    ``activation gather wire 1.98 MiB per step``), or ''.
 
     When some counts are per device, only those are given.
     """
@@ -193,8 +194,10 @@ def bytes_line(finding: Finding) -> str:
     per_device = {key: value for key, value in counts.items() if key.endswith("_per_device")}
     parts = []
     for key, value in (per_device or counts).items():
-        label = key.removesuffix("_per_device").replace("bytes", "").strip("_").replace("_", " ")
-        parts.append(f"{plain(label)} {format_bytes(value)}" if label else format_bytes(value))
+        per_step = " per step" if key.endswith("_per_step") else ""
+        label = key.removesuffix("_per_device").removesuffix("_per_step").replace("bytes", "").replace("_", " ")
+        label = " ".join(label.split())
+        parts.append((f"{plain(label)} {format_bytes(value)}" if label else format_bytes(value)) + per_step)
     return ", ".join(parts) + (" per device" if per_device and parts else "")
 
 
