@@ -19,6 +19,7 @@ from hlo_doctor._version import __version__
 from hlo_doctor.findings import Finding, RuleInfo, Severity
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
+from hlo_doctor.report.symptoms import symptom_kinds
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/hlo-doctor/hlo-doctor"
@@ -125,6 +126,9 @@ def _message(finding: Finding) -> str:
     text = finding.message
     if finding.instruction:
         text = f"{text} [{finding.module}: {finding.instruction}]"
+    kinds = symptom_kinds(finding)
+    if kinds:
+        text += f" Symptoms: {'; '.join(kind.text() for kind in kinds)}."
     if finding.suggestion is not None:
         text += f" Fix: {finding.suggestion.summary}"
     return plain(text)
