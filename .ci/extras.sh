@@ -29,12 +29,14 @@ mkdir -p "$scratch"
 [ -n "${EXTRAS_VENVS:-}" ] || trap 'rm -rf "$scratch"' EXIT
 
 failed=0
+ran=0
 for case in "${cases[@]}"; do
   extras=${case%%|*}
   command=${case#*|}
   if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " == *" $extras "* ]]; then
     continue
   fi
+  ran=$((ran + 1))
   name=${extras//,/+}
   log="$scratch/$name.log"
   started=$SECONDS
@@ -75,4 +77,8 @@ for case in "${cases[@]}"; do
   fi
   rm -rf "$venv" "$work"  # a torch-xla venv is ~7 GB
 done
+if [ "$ran" -eq 0 ]; then
+  echo "extras: no case for ${wanted[*]}; the cases are: ${cases[*]%%|*}" >&2
+  exit 2
+fi
 exit $failed
