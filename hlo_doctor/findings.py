@@ -8,10 +8,12 @@
   :class:`ModuleSummary` per module and :class:`ReportError` per thing that
   could not be analyzed.
 
-This module imports nothing else of hlo-doctor's but its version: the rules
+This module imports nothing else of hlo-doctor's but its version and the
+picture records (:mod:`hlo_doctor.pictures`): the rules
 (:mod:`hlo_doctor.rules`) make these records, the analysis collects them,
 and the report formats (:mod:`hlo_doctor.report`) and the CI gate
-(:mod:`hlo_doctor.gate`) read them.
+(:mod:`hlo_doctor.gate`) read them. A report renders from these records alone:
+the analysis hands each finding its pictures and each module its inventory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from enum import Enum
 from typing import Any
 
 from hlo_doctor._version import __version__
+from hlo_doctor.pictures import FindingPictures
 
 __all__ = [
     "EDIT_KINDS",
@@ -30,6 +33,7 @@ __all__ = [
     "ModuleSummary",
     "Report",
     "ReportError",
+    "RuleInfo",
     "Severity",
     "Skip",
     "SourceRef",
@@ -161,6 +165,8 @@ class Finding:
     # sharding), as Rule.finding saw them; the engine turns it into ``fingerprint`` once the
     # rule has run. None: a finding made directly, fingerprinted from its message.
     signature: str | None = field(default=None, compare=False, repr=False)
+    # What the HTML report draws of it, made by the analysis while the module was loaded (None: not made).
+    pictures: FindingPictures | None = field(default=None, compare=False, repr=False)
 
     @property
     def sort_key(self) -> tuple:
@@ -174,6 +180,17 @@ class Skip:
     rule: str
     module: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RuleInfo:
+    """What a report says of a rule that ran: its id, one-line summary, default severity and
+    documentation (its docstring), for the formats that describe rules (SARIF)."""
+
+    id: str
+    summary: str
+    severity: Severity
+    doc: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +215,9 @@ class ModuleSummary:
     """kind -> (count, bytes of data per device per step)"""
     framework: str | None = None
     """``jax``, ``torch_xla`` or None when the dump does not say"""
+    inventory: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False, compare=False)
+    """the communication inventory (``hlo-doctor collectives``' rows, keys
+    :data:`hlo_doctor.pictures.INVENTORY_KEYS`); None without a per-device snapshot"""
 
 
 @dataclass
@@ -218,6 +238,10 @@ class Report:
     """the runner's program (the script it ran), when the dump has its record"""
     baselined: tuple[Finding, ...] | None = None
     """findings a baseline accepted, left out of ``findings`` (None: no baseline was applied)"""
+    rule_info: tuple[RuleInfo, ...] = ()
+    """the rules that ran, described (the ids of ``rules`` that the registry knew)"""
+    drawings: bool = False
+    """whether the analysis made what the HTML report draws (findings' pictures, modules' inventories)"""
 
     def __str__(self) -> str:
         """One line per finding and a count; :func:`hlo_doctor.report.render` gives the full reports."""

@@ -1,4 +1,4 @@
-"""The HTML report without a browser: self-contained, the inventory's shape, and a dump that is gone."""
+"""The HTML report without a browser: self-contained, the inventory's shape, drawn from the Report alone."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from hlo_doctor.pictures import INVENTORY_KEYS
 from hlo_doctor.report import render
-from hlo_doctor.report.html import INVENTORY_KEYS, module_inventory
+from hlo_doctor.rules.drawings import module_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "fixtures" / "fsdp-activation-gather" / "jax-shardy-bad"
@@ -43,21 +44,87 @@ def test_inventory_rows_have_exactly_the_agreed_keys(report):
     assert module_inventory(None) is None
 
 
-def test_bars_group_by_the_rows_role(report, monkeypatch):
-    from hlo_doctor.report import html
+def test_the_analysis_hands_the_report_its_inventory(report):
+    [module] = report.modules
+    assert [row["instruction"] for row in module.inventory] == ["all-gather", "all-gather.1"]
+    assert all(tuple(row) == INVENTORY_KEYS for row in module.inventory)
 
-    def with_roles(ctx):
-        rows = module_inventory(ctx)
-        return [dict(row, role=("activation-gather" if row["instruction"] == "all-gather" else "weight-gather"))
-                for row in rows]
 
-    monkeypatch.setattr(html, "module_inventory", with_roles)
-    page = render(report, "html")
+def test_bars_group_by_the_rows_role(report):
+    [module] = report.modules
+    rows = tuple(dict(row, role=("activation-gather" if row["instruction"] == "all-gather" else "weight-gather"))
+                 for row in module.inventory)
+    page = render(dataclasses.replace(report, modules=(dataclasses.replace(module, inventory=rows),)), "html")
     assert 'class="bar-label">activation-gather</text>' in page and 'class="bar-label">weight-gather</text>' in page
     assert "<td>activation-gather</td>" in page
 
 
-def test_a_dump_that_is_gone_still_gives_a_report(report):
+def test_the_page_is_drawn_from_the_report_alone(report, monkeypatch):
+    """Every picture comes with the findings: a dump that is gone (or any read of it) changes nothing."""
+    import hlo_doctor.dump.folder
+    import hlo_doctor.dump.snapshot
+
+    def must_not_read(*args, **kwargs):
+        raise AssertionError("the report read the dump")
+
+    monkeypatch.setattr(hlo_doctor.dump.folder, "load_dump", must_not_read)
+    monkeypatch.setattr(hlo_doctor.dump.snapshot.Snapshot, "module", must_not_read)
     page = render(dataclasses.replace(report, dump="/no/such/dump"), "html")
-    assert "pictures left out: the dump cannot be read again" in page
     assert page.count('<section class="finding') == len(report.findings)
+    [finding] = report.findings
+    assert finding.pictures is not None and finding.pictures.notes == ()
+    assert "dataflow around %dot (" in page
+    assert page.count('<svg class="picture ') == 3 * len(report.findings)
+
+
+def test_symptoms_are_a_table_of_kinds(report):
+    page = render(report, "html")
+    # the seed: the two activation gathers of the feature-sharded layer, 600 KiB + 450 KiB over the wire
+    assert ("<tr><td>activation all-gather</td><td>2</td><td>1.03 MiB</td><td>activation-all-gather</td></tr>"
+            in page)
+    assert "<summary>each symptom (2)</summary>" in page
+    assert "it also causes" not in page
+
+
+@pytest.mark.parametrize("fixture", ["fsdp-activation-gather/jax-shardy-bad", "hf-1d-params-torch-xla/torch_xla-bad"])
+def test_format_html_parses_the_dump_once(fixture, tmp_path, monkeypatch):
+    """`analyze --format html` parses each snapshot once, the ones `--format text` parses, and still draws."""
+    from collections import Counter
+
+    from click.testing import CliRunner
+
+    import hlo_doctor.hlo
+    from hlo_doctor.cli import main
+
+    parses: Counter[str] = Counter()
+    parse = hlo_doctor.hlo.parse_module
+
+    def counted(text, *args, path=None, **kwargs):
+        parses[str(path)] += 1
+        return parse(text, *args, path=path, **kwargs)
+
+    monkeypatch.setattr(hlo_doctor.hlo, "parse_module", counted)
+    dump = str(ROOT / "fixtures" / fixture)
+    by_format = {}
+    for output_format in ("text", "html"):
+        parses.clear()
+        out = tmp_path / f"report.{output_format}"
+        result = CliRunner().invoke(main, ["analyze", dump, "--jobs", "1", "--format", output_format, "-o", str(out)])
+        assert result.exit_code in (0, 1), result.output
+        by_format[output_format] = dict(parses)
+    assert by_format["html"] and set(by_format["html"].values()) == {1}
+    assert by_format["html"] == by_format["text"]
+    page = (tmp_path / "report.html").read_text()
+    assert '<svg class="picture dataflow"' in page and '<svg class="picture mesh"' in page
+
+
+def test_an_analysis_without_drawings_says_so_in_the_page():
+    """The CLI asks for drawings only for --format html; a report made without them still renders."""
+    from hlo_doctor.analysis import analyze_dump
+
+    report = analyze_dump(SEED, drawings=False)
+    assert not report.drawings and all(f.pictures is None for f in report.findings)
+    assert all(module.inventory is None for module in report.modules)
+    page = render(report, "html")
+    assert "pictures and inventories left out: the analysis did not make them" in page
+    assert '<svg class="picture' not in page and "not made by the analysis" in page

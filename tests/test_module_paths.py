@@ -77,3 +77,79 @@ def test_a_symptom_of_an_op_folded_for_the_same_fix_folds_into_that_finding():
     assert kept.instruction == "dot.6"
     assert [s["instruction"] for s in kept.evidence["same_fix"]] == ["dot.15"]
     assert [s["instruction"] for s in kept.evidence["symptoms"]] == ["all-gather.6", "all-gather.15"]
+
+
+# -- torch_xla parameters: every one is xla__device_data; named by the runner's module path ----------
+
+_PARAMETERS = """HloModule SyncTensorsGraph.12
+
+ENTRY %main (p0.1: s64[4,8], p1.2: f32[8,8], p2.3: f32[8], p3.4: f32[8], p4.5: f32[2,8], p5.6: f32[2,8]) -> s64[4,8] {
+  %p0.1 = s64[4,8]{1,0} parameter(0), metadata={op_type="xla__device_data" op_name="model.embed/xla__device_data"}
+  %p1.2 = f32[8,8]{1,0} parameter(1), metadata={op_type="xla__device_data" op_name="model.layers.0.q_proj/xla__device_data"}
+  %p2.3 = f32[8]{0} parameter(2), metadata={op_type="xla__device_data" op_name="model.layers.0.norm/xla__device_data"}
+  %p3.4 = f32[8]{0} parameter(3), metadata={op_type="xla__device_data" op_name="model.layers.0.norm/xla__device_data"}
+  %p4.5 = f32[2,8]{1,0} parameter(4), metadata={op_type="xla__device_data" op_name="model.head/xla__device_data"}
+  %p5.6 = f32[2,8]{1,0} parameter(5), metadata={op_type="xla__device_data" op_name="xla__device_data"}
+  ROOT %copy.7 = s64[4,8]{1,0} copy(%p0.1)
+}
+"""
+_RECORD = {"module_trees": [{"module_class": "Model", "modules": [], "parameters": [
+    {"path": "model.embed.weight", "shape": [16, 8], "dtype": "torch.float32"},
+    {"path": "model.layers.0.q_proj.weight", "shape": [8, 8], "dtype": "torch.float32"},
+    {"path": "model.layers.0.q_proj.bias", "shape": [8], "dtype": "torch.float32"},
+    {"path": "model.layers.0.norm.weight", "shape": [8], "dtype": "torch.float32"},
+    {"path": "model.head.weight", "shape": [2, 8], "dtype": "torch.bfloat16"},
+]}]}
+
+
+def test_torch_parameters_are_named_by_the_recorded_module_path_else_number_and_shape():
+    """Hand-written HLO: a path only for one recorded parameter of the module that first reads it, with
+    its shape and dtype, claimed by one entry parameter; otherwise the parameter's name and shape."""
+    from hlo_doctor.semantics.parameters import torch_parameter_names
+
+    params = parse_module(_PARAMETERS).entry.parameters()
+    assert torch_parameter_names(params, _RECORD) == {
+        0: "p0.1 s64[4,8]",  # no recorded s64 parameter of model.embed
+        1: "model.layers.0.q_proj.weight",  # the bias is f32[8], not f32[8,8]
+        2: "p2.3 f32[8]",  # two entry parameters match model.layers.0.norm.weight: neither is named
+        3: "p3.4 f32[8]",
+        4: "p4.5 f32[2,8]",  # recorded as bf16
+        5: "p5.6 f32[2,8]",  # read first by no module
+    }
+    assert torch_parameter_names(params, _RECORD, exclude=frozenset({1}))[1] == "p1.2 f32[8,8]"  # data
+    assert torch_parameter_names(params, None)[1] == "p1.2 f32[8,8]"  # no runner record
+
+
+def test_the_seeds_torch_parameters_are_named_in_collectives_findings_and_show():
+    """The seed's 1-D strategy under torch_xla (the runner recorded the model's parameters)."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from hlo_doctor.cli import main
+
+    dump = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf-1d-params-torch-xla" / "torch_xla-bad")
+    inventory = json.loads(CliRunner().invoke(main, ["collectives", dump, "--format", "json"]).stdout)
+    rows = inventory["modules"][0]["collectives"]
+    named = {name for row in rows for name in row["parameters"]}
+    assert not any("xla__device_data" in name for name in named)
+    assert not any("xla__device_data" in row["reason"] for row in rows)
+    # the 21 weights by their module paths; the token ids (data) by number and shape
+    assert {"model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "model.norm.weight",
+            "p0.1 s64[16,16]"} <= named
+    assert len({name for name in named if name.endswith(".weight")}) == 21
+
+    result = CliRunner().invoke(main, ["analyze", dump, "--format", "json"])
+    [finding] = json.loads(result.stdout)["findings"]
+    messages = " ".join(s["message"] for s in finding["evidence"]["symptoms"])
+    assert "gathering the weight model.layers.0.self_attn.q_proj.weight instead" in messages
+    assert "xla__device_data" not in messages and "the batch input p0.1 (s64[16,16])" in finding["message"]
+
+    shown = json.loads(CliRunner().invoke(main, ["show", dump, "--format", "json"]).stdout)
+    ops = {row["op"]: row for row in shown[0]["ops"]}
+    assert ops["p17.163"]["parameter"] == "model.layers.0.self_attn.q_proj.weight"
+    assert ops["p0.1"]["parameter"] is None
+    found = json.loads(CliRunner().invoke(main, ["show", dump, "--op", "model.layers.0.self_attn.q_proj.weight",
+                                                 "--format", "json"]).stdout)
+    assert found["instruction"] == "p17.163"

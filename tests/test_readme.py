@@ -40,6 +40,15 @@ def test_ci_runs_exactly_the_tests_command() -> None:
     assert extracted == command
 
 
+def test_each_extra_on_its_own_runs_a_readme_command() -> None:
+    """.ci/extras.sh (run in CI after the tests) installs each extra alone and runs the README's command for it."""
+    assert first_block(section("Tests")).strip().endswith(" && .ci/extras.sh")
+    cases = re.findall(r'^  "([^"|]+)\|([^"]+)"$', (ROOT / ".ci" / "extras.sh").read_text(), re.M)
+    assert [extras for extras, _ in cases] == ["jax", "torch-xla", "jax,gpu-target", "jax,tpu-target"]
+    for extras, command in cases:
+        assert command in README and f"'.[{extras}]'" in README, (extras, command)
+
+
 @pytest.mark.slow
 def test_quick_start_prints_the_diagnosis_and_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("jax")
@@ -53,7 +62,7 @@ def test_quick_start_prints_the_diagnosis_and_the_fix(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, shlex.split(doctor)[1:])
     assert result.exit_code == 0, result.output
-    for expected in ("(activation-all-gather, 600 KiB over the wire per device)",
+    for expected in ("  symptoms: 2 activation all-gathers, 1.03 MiB per step (activation-all-gather)\n",
                      "fsdp_activation_gather.py:49:9: warning non-batch-dim-sharding ",
                      "jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))"):
         assert expected in result.output

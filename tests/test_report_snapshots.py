@@ -20,6 +20,8 @@ CASES = {
     "seed-shardy-bad": "fixtures/fsdp-activation-gather/jax-shardy-bad",
     "seed-torch_xla-bad": "fixtures/fsdp-activation-gather/torch_xla-bad",
     "seed-shardy-fixed": "fixtures/fsdp-activation-gather/jax-shardy-fixed",
+    # the seed's own 1-D strategy: one root cause with 17 symptoms of three kinds
+    "seed-1d-torch_xla-bad": "fixtures/hf-1d-params-torch-xla/torch_xla-bad",
 }
 SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif", "markdown": "md", "github": "txt", "html": "html"}
 
@@ -53,3 +55,20 @@ def test_report_matches_snapshot(
     monkeypatch.chdir(ROOT)  # SARIF and annotations write paths relative to the checkout
     produced = normalize(render(reports[case], output_format, color=False, width=110), CASES[case])
     matches_snapshot(SNAPSHOTS / f"{case}.{output_format}.{SUFFIX[output_format]}", produced)
+
+
+def test_text_gives_one_line_per_kind_of_symptom_and_verbose_each_one(reports) -> None:
+    import dataclasses
+
+    report = reports["seed-1d-torch_xla-bad"]
+    [finding] = report.findings
+    symptoms = finding.evidence["symptoms"]
+    assert len(symptoms) == 17
+    short = render(report, "text", color=False)
+    kinds = [line for line in short.splitlines() if "per step (" in line]
+    assert kinds[0].startswith("  symptoms: 14 cross-host activation all-gathers, 912 KiB per step (")
+    assert len(kinds) == 3 and "it also causes" not in short
+    assert not any(f"\n      {s['instruction']} ({s['rule']}, " in short for s in symptoms)
+    verbose = render(dataclasses.replace(report, verbose=True), "text", color=False)
+    for symptom in symptoms:
+        assert f"\n      {symptom['instruction']} ({symptom['rule']}, " in verbose

@@ -478,6 +478,43 @@ def test_a_missing_extra_stops_the_run_before_the_child_starts(monkeypatch, tmp_
     assert result.exit_code == 2 and "pip install 'hlo-doctor[torch-xla]'" in result.stderr
 
 
+@pytest.mark.parametrize(("target", "needed", "absent"), [
+    ("v5e:4x4", "tpu-target", ("jax_cuda12_plugin", "jax_plugins.xla_cuda12")),
+    ("a100:2x8", "gpu-target", ("libtpu",)),
+])
+def test_a_target_needs_only_its_own_platforms_extra(monkeypatch, tmp_path, target, needed, absent):
+    """With only jax and the target's own extra installed (the other target extra absent), the run
+    starts; with that extra absent too, the one line names it."""
+    from click.testing import CliRunner
+
+    import hlo_doctor.cli.run as runner_cli
+    from hlo_doctor.cli import main
+    from hlo_doctor.runner import extras
+
+    started = []
+
+    def record(*args, **kwargs):
+        started.append(kwargs["target"])
+        raise runner_cli.RunError(["stopped", "by", "the", "test"], 3, [], tmp_path)
+
+    monkeypatch.setattr(runner_cli, "run_example", record)
+    monkeypatch.setattr(runner_cli, "run_script", record)
+    monkeypatch.setattr(extras, "_found_here", lambda name: name not in absent)
+    command = ["run", "--example", "fsdp-activation-gather", "--target", target, "--dump-dir", str(tmp_path / "d")]
+    result = CliRunner().invoke(main, command)
+    assert "extra is not installed" not in result.stderr
+    assert [str(t) for t in started] == [target]
+
+    monkeypatch.setattr(extras, "_found_here", lambda name: name not in (*absent, *extras.EXTRAS[needed]))
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2 and len(started) == 1
+    assert result.stderr.startswith(f"error: the {needed} extra is not installed ")
+    script = tmp_path / "train.py"
+    script.write_text("import jax\n")
+    result = CliRunner().invoke(main, ["run", "--target", target, "--", sys.executable, str(script)])
+    assert result.exit_code == 2 and f"pip install 'hlo-doctor[{needed}]'" in result.stderr
+
+
 def test_extras_are_probed_in_the_scripts_own_interpreter(tmp_path):
     import os
 
@@ -498,4 +535,5 @@ def test_examples_say_which_extra_each_needs():
     assert "needs jax | torch-xla " in lines["fsdp-activation-gather"]
     assert "needs torch-xla " in lines["fsdpv2-torch-xla"]
     assert "needs jax+gpu-target " in lines["sync-collective"]
+    assert "needs jax+tpu-target " in lines["tpu-v4-llama"]
     assert "needs jax " in lines["llama-fsdp"]

@@ -141,8 +141,10 @@ def warn_if_no_rule(config: Config, registry) -> None:
                    "to run", err=True)
 
 
-def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: int | None = None):
-    """``analyze_dump`` with the effective configuration (and ``registry``'s rules) and a progress bar on a terminal."""
+def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: int | None = None,
+                 drawings: bool = False):
+    """``analyze_dump`` with the effective configuration (and ``registry``'s rules) and a progress bar on a terminal;
+    ``drawings``: make what the HTML report draws (only an HTML report needs them)."""
     with Progress() as progress:
         return analyze_dump(
             dump,
@@ -156,6 +158,7 @@ def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: 
             registry=registry,
             progress=progress,
             jobs=jobs,
+            drawings=drawings,
         )
 
 

@@ -183,12 +183,12 @@ def _fix_verify(command, analysis, select, write, output_format, options) -> Non
         python, script, args = _split_command(command)
     except click.UsageError as error:
         raise InputError(error.message) from None
-    gpu_target = None
+    compile_target = None  # a GPU Target or a TpuTarget
     if target is not None:
         if devices is not None:
             raise InputError("--target sets the device count itself; drop --devices")
         try:
-            gpu_target = parse_target(target)
+            compile_target = parse_target(target)
         except TargetError as error:
             raise InputError(f"--target: {error}") from None
     if output is not None and Path(output).resolve() == Path(script).resolve():
@@ -202,12 +202,12 @@ def _fix_verify(command, analysis, select, write, output_format, options) -> Non
     try:
         if not Path(script).is_file():
             raise InputError(f"{script}: no such script")
-        if gpu_target is not None:
-            require_extras(extras_for("jax", gpu_target=True), python)
+        if compile_target is not None:
+            require_extras(extras_for("jax", target_platform=compile_target.platform), python)
         result = verify_fix(
             script, args, work_dir=options["dump_dir"], output=output, write=write, select=select, python=python,
-            devices=devices, devices_per_host=config.devices_per_host.value, target=gpu_target,
-            framework="jax" if gpu_target is not None else None, analysis=analysis, rounds=options["rounds"] or 3,
+            devices=devices, devices_per_host=config.devices_per_host.value, target=compile_target,
+            framework="jax" if compile_target is not None else None, analysis=analysis, rounds=options["rounds"] or 3,
         )
     except NotImplementedError:
         raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None

@@ -69,7 +69,7 @@ def analyze_or_exit(dump: str, config: Config, verbose: bool, registry, jobs: in
         raise InputError("--statistics prints text; leave out --format or use --format text")
     if out.output_format == "html" and out.output is None:
         raise InputError("--format html writes a file: add -o report.html")
-    return run_analysis(dump, config, verbose, registry, jobs)
+    return run_analysis(dump, config, verbose, registry, jobs, drawings=out.output_format == "html")
 
 
 def failure_document(dump: str, message: str) -> str:

@@ -63,7 +63,7 @@ def _summarize(result: RunResult) -> None:
 
 
 def _analyze(dump_dir: Path) -> None:
-    report = analyze_dump(dump_dir)
+    report = analyze_dump(dump_dir, drawings=False)  # a text report
     click.echo(render_text(report, color=False, width=100).rstrip("\n"))
 
 
@@ -103,10 +103,10 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
       hlo-doctor run --example fsdp-activation-gather --target a100:2x8
     """
     partitioner = None if shardy is None else ("shardy" if shardy else "gspmd")
-    gpu_target = None
+    compile_target = None  # a GPU Target or a TpuTarget
     if target is not None or target_config is not None:
         try:
-            gpu_target = parse_target(target, config_file=target_config)
+            compile_target = parse_target(target, config_file=target_config)
         except TargetError as error:
             raise click.BadParameter(str(error), param_hint="'--target'") from None
         if devices is not None:
@@ -120,12 +120,14 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
 
             entry = get_example(example)
             framework = framework or entry.frameworks[0]
-            require_extras(extras_for(framework, gpu_target=gpu_target is not None)
+            platform = _platform(compile_target if compile_target is not None or not entry.target_only
+                                 else parse_target(entry.targets[0]))
+            require_extras(extras_for(framework, target_platform=platform)
                            + ([entry.extra] if entry.extra else []))
             result = run_example(
                 example, framework=framework, variant=variant or entry.variants[0],
                 dump_dir=dump_dir or _default_dump_dir(example), partitioner=partitioner,
-                echo=True, target=gpu_target,
+                echo=True, target=compile_target,
             )
         else:
             if not command:
@@ -133,13 +135,13 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
             if variant is not None:
                 raise click.UsageError("--variant needs --example")
             python, script, args = _split_command(command)
-            used = "jax" if gpu_target is not None else framework or _detected(script)
-            require_extras(extras_for(used, gpu_target=gpu_target is not None), python)
+            used = "jax" if compile_target is not None else framework or _detected(script)
+            require_extras(extras_for(used, target_platform=_platform(compile_target)), python)
             result = run_script(
                 script, args, dump_dir=dump_dir or _default_dump_dir(Path(script).stem),
-                framework="jax" if gpu_target is not None else framework, devices=devices,
+                framework="jax" if compile_target is not None else framework, devices=devices,
                 partitioner=partitioner, devices_per_host=devices_per_host, python=python,
-                echo=True, target=gpu_target,
+                echo=True, target=compile_target,
             )
     except RunError as error:
         click.echo(f"error: {error}; last lines of its stderr:", err=True)
@@ -170,7 +172,14 @@ def examples_command():
 
 
 def example_needs(example) -> str:
-    """The extras an example needs: one per framework (``jax | torch-xla``), ``+gpu-target`` for a GPU-only one."""
-    needs = " | ".join("+".join(extras_for(f, gpu_target=example.target_only)
+    """The extras an example needs: one per framework (``jax | torch-xla``), ``+gpu-target`` for a GPU-only one
+    and ``+tpu-target`` for a TPU-only one."""
+    platform = _platform(parse_target(example.targets[0])) if example.target_only else None
+    needs = " | ".join("+".join(extras_for(f, target_platform=platform)
                                 + ([example.extra] if example.extra else [])) for f in example.frameworks)
     return f"needs {needs}"
+
+
+def _platform(compile_target) -> str | None:  # noqa: ANN001 - a Target, a TpuTarget or None
+    """The platform a deviceless target compiles for (``cuda``, ``tpu``), None for CPU devices."""
+    return compile_target.platform if compile_target is not None else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
 
@@ -32,6 +32,7 @@ from hlo_doctor.graph.shardy_origins import find_origins_file, read_origins
 from hlo_doctor.graph.source import user_frame_of
 from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.report.safe import plain, plain_block
+from hlo_doctor.semantics.parameters import torch_parameter_names
 
 __all__ = ["Lookup", "ModuleContext", "explain_command", "load_context", "lookup", "provenance_json", "show_command"]
 
@@ -48,6 +49,7 @@ class ModuleContext:
     marks: dict
     mesh: object | None
     shardy: object | None
+    parameter_paths: dict = field(default_factory=dict)  # torch_xla: entry parameter name -> its module path
 
 
 def load_context(dump_module, run_record) -> ModuleContext:
@@ -79,8 +81,19 @@ def load_context(dump_module, run_record) -> ModuleContext:
         shardy = read_origins(path, module)
     return ModuleContext(
         dump_module, graph, before, before_link, partition_link,
-        find_annotations(graph, before, before_link), mesh, shardy,
+        find_annotations(graph, before, before_link), mesh, shardy, _parameter_paths(module, run_record),
     )
+
+
+def _parameter_paths(module, run_record) -> dict:  # noqa: ANN001
+    """torch_xla: each entry parameter's module path, where the runner recorded the model's parameters
+    (every one is ``xla__device_data`` in the dump; see ``torch_parameter_names``)."""
+    if not isinstance(run_record, dict) or not run_record.get("module_trees") or module.entry is None:
+        return {}
+    params = list(module.entry.parameters())
+    labels = torch_parameter_names(params, run_record)
+    return {p.name: labels[p.parameter_number] for p in params
+            if p.parameter_number in labels and labels[p.parameter_number] != f"{p.name} {p.shape}"}
 
 
 def _load(dump: str, module_name: str | None):
@@ -171,6 +184,11 @@ def lookup(context: ModuleContext, op: str) -> Lookup | None:
     keys = context.graph.find(op)
     if keys:
         return Lookup(op, after, keys[0], None, f"%{op}: looking in the after-propagation snapshot ({after})")
+    parameter = next((name for name, path in context.parameter_paths.items() if path == op), None)
+    keys = context.graph.find(parameter) if parameter is not None else []
+    if keys:
+        return Lookup(op, after, keys[0], None, f"{op} is the entry parameter %{parameter}: looking in the "
+                                                f"after-propagation snapshot ({after})")
     partitioned = context.module.partitioned()
     if partitioned is None or context.partition_link is None:
         return None
@@ -266,6 +284,7 @@ def _rows(context: ModuleContext) -> list[dict]:
             frame = user_frame_of(instruction)
             rows.append({
                 "op": instruction.name, "computation": computation.name, "entry": computation.is_entry,
+                "parameter": context.parameter_paths.get(instruction.name) if computation.is_entry else None,
                 "shape": str(instruction.shape), "before": before,
                 "after": instruction.sharding.text if instruction.sharding else "",
                 "per_device": _per_device(instruction),
@@ -343,6 +362,8 @@ def show_command(dump: str, module_name: str | None, op: str | None, output_form
                 table.add_column(column, overflow="fold")
             for row in rows:
                 name = row["op"] if row["entry"] else f"{row['computation']}/{row['op']}"
+                if row["parameter"]:
+                    name += f" ({row['parameter']})"
                 source = row["source"].rsplit("/", 1)[-1] if row["source"] else ""
                 table.add_row(*(Text(plain(cell)) for cell in (name, row["shape"], row["before"], row["after"],
                                                               row["per_device"], source)))

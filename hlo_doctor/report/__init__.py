@@ -24,7 +24,6 @@ from hlo_doctor.report.json import render_json
 from hlo_doctor.report.markdown import render_markdown
 from hlo_doctor.report.sarif import render_sarif
 from hlo_doctor.report.text import render_text
-from hlo_doctor.rules import discover
 
 if TYPE_CHECKING:
     from hlo_doctor.findings import Report
@@ -52,9 +51,7 @@ def render(
     if output_format == "json":
         return render_json(report)
     if output_format == "sarif":
-
-        registry = discover()
-        rules = [registry.rules[rule_id].rule for rule_id in report.rules if rule_id in registry.rules]
+        rules = report.rule_info  # the analysis described the rules it ran
         if report.baselined is None:
             return render_sarif(report.findings, rules, fingerprints=occurrence_fingerprints(report.findings))
         findings = sorted((*report.findings, *report.baselined), key=lambda f: f.sort_key)

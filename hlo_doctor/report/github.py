@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain, plain_block
+from hlo_doctor.report.symptoms import symptom_kinds
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
@@ -37,6 +38,7 @@ def annotation(finding: Finding) -> str:
     message = finding.message
     if finding.instruction:
         message += f" [{finding.module}: {finding.instruction}]"
+    message += "".join(f"\nSymptoms: {kind.text()}" for kind in symptom_kinds(finding))
     if finding.suggestion is not None:
         message += f"\nFix: {finding.suggestion.summary}"
         for label, code in (("JAX", finding.suggestion.jax), ("torch_xla", finding.suggestion.torch_xla)):

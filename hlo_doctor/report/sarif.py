@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hlo_doctor._version import __version__
-from hlo_doctor.findings import Finding, Severity
+from hlo_doctor.findings import Finding, RuleInfo, Severity
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
-from hlo_doctor.rules.base import Rule
+from hlo_doctor.report.symptoms import symptom_kinds
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/hlo-doctor/hlo-doctor"
@@ -29,7 +29,7 @@ _LEVELS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: 
 
 def sarif_log(
     findings: Sequence[Finding],
-    rules: Iterable[type[Rule]],
+    rules: Iterable[RuleInfo],
     *,
     fingerprints: Sequence[str] | None = None,
     base: Path | None = None,
@@ -95,12 +95,12 @@ def sarif_log(
     }
 
 
-def render_sarif(findings: Sequence[Finding], rules: Iterable[type[Rule]], **kwargs: Any) -> str:
+def render_sarif(findings: Sequence[Finding], rules: Iterable[RuleInfo], **kwargs: Any) -> str:
     return json.dumps(sarif_log(findings, rules, **kwargs), indent=2, sort_keys=False) + "\n"
 
 
-def _rule_descriptor(rule: type[Rule]) -> dict[str, Any]:
-    doc = (rule.__doc__ or rule.summary).strip()
+def _rule_descriptor(rule: RuleInfo) -> dict[str, Any]:
+    doc = (rule.doc or rule.summary).strip()
     return {
         "id": rule.id,
         "name": "".join(part.capitalize() for part in rule.id.split("-")),
@@ -126,6 +126,9 @@ def _message(finding: Finding) -> str:
     text = finding.message
     if finding.instruction:
         text = f"{text} [{finding.module}: {finding.instruction}]"
+    kinds = symptom_kinds(finding)
+    if kinds:
+        text += f" Symptoms: {'; '.join(kind.text() for kind in kinds)}."
     if finding.suggestion is not None:
         text += f" Fix: {finding.suggestion.summary}"
     return plain(text)

@@ -12,41 +12,18 @@ Every text passes through :func:`~hlo_doctor.report.safe.html_text`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hlo_doctor.pictures import Edge, MeshCell, Node
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.units import format_bytes
 
+# Node, Edge and MeshCell are the analysis's records (hlo_doctor.pictures), drawn here.
 __all__ = ["Bar", "Edge", "MeshCell", "Node", "bars_svg", "dataflow_svg", "mesh_svg"]
 
 HOST_COLORS = ("#dbeafe", "#dcfce7", "#fef3c7", "#fce7f3", "#ede9fe", "#ccfbf1", "#fee2e2", "#e5e7eb")
 GROUP_COLORS = ("#dc2626", "#2563eb", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    key: str
-    label: str
-    detail: str
-    collective: bool = False
-    focus: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Edge:
-    source: str
-    target: str
-    shape: str
-    sharding: str
-
-
-@dataclass(frozen=True, slots=True)
-class MeshCell:
-    logical: int
-    label: str
-    host: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +172,3 @@ def bars_svg(bars: Sequence[Bar], title: str, marked_label: str) -> str:
                f'<text x="{pad + 14}" y="{height - 9}" class="legend">{html_text(marked_label)}</text>')
     out.append("</svg>")
     return "".join(out)
-
-
-def grid_shape(axis_sizes: Sequence[int]) -> tuple[int, int]:
-    """(rows, columns) for a mesh: the last axis across, all others down."""
-    axis_sizes = [size for size in axis_sizes if size > 1] or [1]
-    columns = axis_sizes[-1]
-    return (max(1, math.prod(axis_sizes[:-1])), max(1, columns))

@@ -13,7 +13,9 @@ Per finding::
         h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(('fsdp', 'replica'), None)))
       bytes: 600 KiB per device
 
-The fix is given for the framework the dump came from, or for both when
+A root cause that other rules' findings are symptoms of gets one ``symptoms:``
+line per kind of symptom (``15 activation all-gathers, 1.84 MiB per step``);
+``verbose`` lists each symptom under its kind. The fix is given for the framework the dump came from, or for both when
 that is unknown. ``verbose`` adds the dump location, the HLO line and the
 evidence table. The summary names only the rules that found something,
 says how many rules ran, and gives one "not judged" line per rule that
@@ -31,6 +33,7 @@ from hlo_doctor.findings import Finding, Severity, Suggestion
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
 from hlo_doctor.report.source import SourcePolicy, source_lines
+from hlo_doctor.report.symptoms import symptom_kinds, symptoms_of
 from hlo_doctor.units import format_bytes
 
 if TYPE_CHECKING:
@@ -93,6 +96,7 @@ def _finding(finding: Finding, framework: str | None, verbose: bool, sources: So
     lines = [_header(finding, frame, style)]
     if frame and source is not None:
         lines += _code_frame(frame, source.line, style)
+    lines += _symptoms(finding, verbose, style)
     if verbose:
         lines += _verbose_details(finding, style)
     if finding.suggestion is not None:
@@ -136,6 +140,26 @@ def _code_frame(frame: list[tuple[int, str]], line: int, style: _Style) -> list[
     return out
 
 
+def _symptoms(finding: Finding, verbose: bool, style: _Style) -> list[str]:
+    """One line per kind of symptom (count, bytes per step); ``verbose`` lists each symptom under its kind."""
+    label = "symptoms:"
+    lines = []
+    by_kind: dict[str, list] = {}
+    if verbose:
+        for symptom in symptoms_of(finding):
+            kind = symptom.get("kind") or f"{symptom['rule']} finding"
+            by_kind.setdefault(str(kind), []).append(symptom)
+    for number, kind in enumerate(symptom_kinds(finding)):
+        lead = f"  {style(label, '1')} " if number == 0 else " " * (len(label) + 3)
+        lines.append(lead + plain(kind.text()))
+        for symptom in by_kind.get(kind.kind, ()):
+            wire = symptom.get("wire_bytes_per_step")
+            moved = f", {format_bytes(wire)} per step" if isinstance(wire, int) and not isinstance(wire, bool) else ""
+            lines.append(f"      {plain(symptom.get('instruction') or '?')} ({plain(symptom['rule'])}{moved}): "
+                         f"{plain(symptom.get('message') or '')}")
+    return lines
+
+
 def _fix(finding: Finding, framework: str | None, style: _Style) -> list[str]:
     suggestion = finding.suggestion
     assert suggestion is not None
@@ -160,7 +184,8 @@ def fixes_for(suggestion: Suggestion, framework: str | None) -> list[tuple[str, 
 
 
 def bytes_line(finding: Finding) -> str:
-    """The finding's byte counts on one line (``in 200 KiB, out 800 KiB, wire 600 KiB per device``), or ''.
+    """The finding's byte counts on one line (``in 200 KiB, out 800 KiB, wire 600 KiB per device``;
+    ``activation gather wire 1.98 MiB per step``), or ''.
 
     When some counts are per device, only those are given.
     """
@@ -169,8 +194,10 @@ def bytes_line(finding: Finding) -> str:
     per_device = {key: value for key, value in counts.items() if key.endswith("_per_device")}
     parts = []
     for key, value in (per_device or counts).items():
-        label = key.removesuffix("_per_device").replace("bytes", "").strip("_").replace("_", " ")
-        parts.append(f"{plain(label)} {format_bytes(value)}" if label else format_bytes(value))
+        per_step = " per step" if key.endswith("_per_step") else ""
+        label = key.removesuffix("_per_device").removesuffix("_per_step").replace("bytes", "").replace("_", " ")
+        label = " ".join(label.split())
+        parts.append((f"{plain(label)} {format_bytes(value)}" if label else format_bytes(value)) + per_step)
     return ", ".join(parts) + (" per device" if per_device and parts else "")
 
 
@@ -188,10 +215,11 @@ def _verbose_details(finding: Finding, style: _Style) -> list[str]:
             lines.append(f"    {style(hlo, '36')}")
     if finding.related:
         lines.append(f"  {style('related:', '2')} {', '.join(plain(name) for name in finding.related)}")
-    if finding.evidence:
-        width = max(len(key) for key in finding.evidence)
+    evidence = {key: value for key, value in finding.evidence.items() if key != "symptoms"}  # listed above
+    if evidence:
+        width = max(len(key) for key in evidence)
         lines.append(f"  {style('evidence:', '2')}")
-        lines += [f"    {plain(key):<{width}}  {_value(value)}" for key, value in finding.evidence.items()]
+        lines += [f"    {plain(key):<{width}}  {_value(value)}" for key, value in evidence.items()]
     return lines
 
 

@@ -85,8 +85,12 @@ def _recorded_axes(ctx: RuleContext, dims: tuple[int, ...]) -> tuple[str, ...] |
     return None
 
 
-def parameter_name(ctx: RuleContext, param: Instruction) -> str:
-    """How the user knows an entry parameter: JAX's argument name (``x``), else its name after propagation.
+def parameter_name(ctx: RuleContext, param: Instruction, *, with_shape: bool = True) -> str:
+    """How the user knows an entry parameter: JAX's argument name (``x``), else its name after propagation;
+    under torch_xla, whose parameters are all ``xla__device_data``, the module path the runner recorded
+    (``model.layers.0.self_attn.o_proj.weight``), else its name and global shape (``p10.34 f32[256,256]``;
+    ``with_shape=False``: only its name, for a message that prints the shape next to it). See
+    :func:`hlo_doctor.semantics.parameters.torch_parameter_names`.
 
     The argument name is read from the ``before_optimizations`` module first: the partitioner
     copies a parameter's metadata, but not always faithfully (a jax 0.4.35 Shardy compile
@@ -103,7 +107,15 @@ def parameter_name(ctx: RuleContext, param: Instruction) -> str:
     module = ctx.sharded
     if number is not None and module is not None and module.entry is not None:
         param = next((p for p in module.entry.parameters() if p.parameter_number == number), param)
-    return param.name if ctx.framework == "torch_xla" else argument_name(param)
+    if ctx.framework != "torch_xla":
+        return argument_name(param)
+    params = ctx.semantics.parameters
+    label = params.names.get(number) if params is not None and number is not None else None
+    if label is None:
+        return param.name
+    if not with_shape and label == f"{param.name} {param.shape}":
+        return param.name
+    return label
 
 
 def axes_text(axes: Iterable[str] | None) -> str:

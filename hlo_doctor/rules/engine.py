@@ -12,12 +12,19 @@ from hlo_doctor.fingerprint import with_fingerprint
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.registry import Registry
-from hlo_doctor.units import format_bytes
 
 INTERNAL_ERROR = "internal-error"
-_CAUSES = "; it also causes "
 
-__all__ = ["INTERNAL_ERROR", "Skip", "fold_same_fix", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules", "select_rules"]
+__all__ = ["INTERNAL_ERROR", "Skip", "fold_same_fix", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules",
+           "select_rules", "symptom_kinds"]
+
+SymptomKinds = Callable[[], Mapping[str, tuple[str, int]]]
+"""Lazily: a per-device collective's name -> (its kind of symptom, wire bytes per device per step)."""
+
+# A collective's role (hlo_doctor.semantics.roles) as the first word of its kind of symptom.
+_ROLE_WORDS = {"activation-gather": "activation", "activation-reduce": "partial-sum", "weight-gather": "weight",
+               "gradient-reduce": "gradient", "scalar-reduce": "scalar", "index-gather": "index",
+               "expert-dispatch": "expert-dispatch", "pipeline-send": "pipeline", "reshard": "reshard"}
 
 
 def select_rules(
@@ -37,7 +44,8 @@ def select_rules(
 
 def run_rules(ctx: RuleContext, rules: Sequence[Rule]) -> tuple[list[Finding], list[Skip]]:
     """Every rule on ``ctx``; a rule that raises becomes an ``internal-error`` finding."""
-    return merge_outcomes([run_rule(ctx, rule) for rule in rules], cause_ranks(rules), collective_names(ctx))
+    return merge_outcomes([run_rule(ctx, rule) for rule in rules], cause_ranks(rules), collective_names(ctx),
+                          symptom_kinds(ctx))
 
 
 def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
@@ -62,12 +70,43 @@ def collective_names(ctx: RuleContext) -> Callable[[], frozenset[str]]:
         c.done for c in ctx.collectives if c.done)
 
 
+def symptom_kinds(ctx: RuleContext) -> SymptomKinds:
+    """What each per-device collective is as a symptom, read only when a finding has symptoms:
+    its role and kind (``activation all-gather``, ``partial-sum all-reduce``), ``cross-host``
+    (``cross-slice`` on TPU) when its groups cross the slow link, and its wire bytes per step."""
+
+    def kinds() -> dict[str, tuple[str, int]]:
+        try:
+            return described() if ctx.per_device is not None else {}
+        except Exception:  # noqa: BLE001 - the symptoms are then told by rule; the analysis reports the failure
+            return {}
+
+    def described() -> dict[str, tuple[str, int]]:
+        slow = "cross-slice" if ctx.device_map.platform == "tpu" else "cross-host"
+        found: dict[str, tuple[str, int]] = {}
+        for role in ctx.semantics.roles:
+            facts = role.facts
+            kind = f"{_ROLE_WORDS.get(role.role, role.role)} {facts.kind}"
+            if facts.crosses_slow_boundary:
+                kind = f"{slow} {kind}"
+            for name in (facts.instruction, facts.op.done):
+                if name:
+                    found.setdefault(name, (kind, facts.wire_bytes_per_step))
+        return found
+
+    return kinds
+
+
 def merge_outcomes(
     outcomes: Iterable[tuple[list[Finding], Skip | None]],
     ranks: Mapping[str, int] | None = None,
     collectives: Callable[[], frozenset[str]] | None = None,
+    kinds: SymptomKinds | None = None,
 ) -> tuple[list[Finding], list[Skip]]:
-    """The findings (symptoms folded into their causes, sorted) and skips of rule outcomes in rule order."""
+    """The findings (symptoms folded into their causes, sorted) and skips of rule outcomes in rule order.
+
+    ``kinds`` (:func:`symptom_kinds`) adds each symptom's ``kind`` and ``wire_bytes_per_step``
+    when its op is a collective."""
     findings: list[Finding] = []
     skips: list[Skip] = []
     for produced, skip in outcomes:
@@ -82,8 +121,19 @@ def merge_outcomes(
             if len(folded) == len(findings):
                 break
             findings = folded
+        if kinds is not None and any(f.evidence.get("symptoms") for f in findings):
+            known = kinds()
+            findings = [_with_symptom_kinds(f, known) if f.evidence.get("symptoms") else f for f in findings]
     findings.sort(key=lambda f: f.sort_key)
     return findings, skips
+
+
+def _with_symptom_kinds(finding: Finding, known: Mapping[str, tuple[str, int]]) -> Finding:
+    symptoms = []
+    for symptom in finding.evidence["symptoms"]:
+        kind, wire = known.get(symptom.get("instruction") or "", (None, None))
+        symptoms.append({**symptom, "kind": kind, "wire_bytes_per_step": wire})
+    return dataclasses.replace(finding, evidence={**finding.evidence, "symptoms": symptoms})
 
 
 def fold_same_fix(findings: list[Finding]) -> list[Finding]:
@@ -147,7 +197,8 @@ def fold_symptoms(
     collectives, ``collectives``), or when both name one of those collectives (the same
     traffic, explained twice). It
     is dropped, and its op and related ops join the kept finding's ``related``, with the
-    symptom's rule and message under ``evidence["symptoms"]``.
+    symptom's rule and message under ``evidence["symptoms"]``. The kept finding's message
+    stays its cause; the reports summarise the symptoms.
     """
     order = sorted(range(len(findings)), key=lambda i: (ranks.get(findings[i].rule, 100), i))
     kept: list[Finding] = []
@@ -172,9 +223,7 @@ def fold_symptoms(
         symptoms = [*other.evidence.get("symptoms", ()),
                     {"rule": finding.rule, "instruction": finding.instruction, "message": finding.message,
                      "wire_bytes_per_device": finding.evidence.get("wire_bytes_per_device")}]
-        listed = ", ".join(_symptom_text(s) for s in symptoms)
-        message = other.message.split(_CAUSES)[0]
-        kept[cause] = dataclasses.replace(other, related=tuple(related), message=f"{message}{_CAUSES}{listed}",
+        kept[cause] = dataclasses.replace(other, related=tuple(related),
                                           evidence={**other.evidence, "symptoms": symptoms})
     return kept
 
@@ -184,12 +233,6 @@ def _own_ops(finding: Finding) -> set[str]:
     same = finding.evidence.get("same_fix", ())
     return {name for name in (finding.instruction, *(s.get("instruction") for s in same if isinstance(s, Mapping)))
             if isinstance(name, str)}
-
-
-def _symptom_text(symptom: Mapping) -> str:
-    wire = symptom.get("wire_bytes_per_device")
-    sent = f", {format_bytes(wire)} over the wire per device" if isinstance(wire, int) else ""
-    return f"{symptom['instruction']} ({symptom['rule']}{sent})"
 
 
 def _names_collectives(finding: Finding, collectives: frozenset[str]) -> bool:

@@ -31,7 +31,7 @@ from hlo_doctor.dump.folder import DumpError
 from hlo_doctor.rules._forked import can_fork, fork_child, loads
 from hlo_doctor.rules.base import Finding, Rule
 from hlo_doctor.rules.context import PENDING_NAME, RuleContext
-from hlo_doctor.rules.engine import Skip, cause_ranks, collective_names, merge_outcomes, run_rule
+from hlo_doctor.rules.engine import Skip, cause_ranks, collective_names, merge_outcomes, run_rule, symptom_kinds
 
 __all__ = ["PARALLEL_MIN_BYTES", "PENDING_NAME", "can_fork", "default_jobs", "run_module_rules"]
 
@@ -77,7 +77,8 @@ def run_module_rules(
         or sum(s.size or 0 for s in snapshots) < min_bytes
         or any(s.parsed for s in snapshots)  # already in memory: nothing to share out
     ):
-        return merge_outcomes((run_rule(ctx, rule) for rule in rules), cause_ranks(rules), collective_names(ctx))
+        return merge_outcomes((run_rule(ctx, rule) for rule in rules), cause_ranks(rules), collective_names(ctx),
+                              symptom_kinds(ctx))
     worker = _Worker(ctx, [rules[i] for i in in_worker])
     try:
         outcomes: dict[int, Outcome] = {i: run_rule(ctx, rules[i]) for i in here}
@@ -88,7 +89,8 @@ def run_module_rules(
         outcomes.update({i: run_rule(ctx, rules[i]) for i in in_worker})
     else:
         outcomes.update(zip(in_worker, _adopt(ctx, result), strict=False))
-    return merge_outcomes((outcomes[i] for i in range(len(rules))), cause_ranks(rules), collective_names(ctx))
+    return merge_outcomes((outcomes[i] for i in range(len(rules))), cause_ranks(rules), collective_names(ctx),
+                          symptom_kinds(ctx))
 
 
 @dataclass

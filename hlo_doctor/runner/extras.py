@@ -12,7 +12,7 @@ import sys
 
 from hlo_doctor.errors import HloDoctorError
 
-__all__ = ["EXTRAS", "MissingExtra", "extras_for", "missing_modules", "require_extras"]
+__all__ = ["EXTRAS", "TARGET_EXTRAS", "MissingExtra", "extras_for", "missing_modules", "require_extras"]
 
 # extra (as pyproject spells it) -> the modules of it that the runner and the child import
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -29,15 +29,19 @@ class MissingExtra(HloDoctorError, RuntimeError):
     """An extra the run needs is not installed; the message holds the pip command."""
 
 
-def extras_for(framework: str | None, *, gpu_target: bool = False, tpu_target: bool = False) -> list[str]:
-    """The extras a run with this framework (``jax``/``torch_xla``) and target needs."""
+# a deviceless target's platform (``Target.platform``, ``TpuTarget.platform``) -> the extra that compiles for it
+TARGET_EXTRAS: dict[str, str] = {"cuda": "gpu-target", "tpu": "tpu-target"}
+
+
+def extras_for(framework: str | None, *, target_platform: str | None = None) -> list[str]:
+    """The extras a run with this framework (``jax``/``torch_xla``) needs, compiling for a target of
+    ``target_platform`` (``cuda``, ``tpu``; None: on CPU devices): a TPU target needs only the
+    ``tpu-target`` extra, a GPU one only ``gpu-target``."""
     needed = []
     if framework is not None:
         needed.append("torch-xla" if framework.replace("-", "_") == "torch_xla" else "jax")
-    if gpu_target:
-        needed.append("gpu-target")
-    if tpu_target:
-        needed.append("tpu-target")
+    if target_platform is not None:
+        needed.append(TARGET_EXTRAS[target_platform])
     return needed
 
 

@@ -20,6 +20,7 @@ Decided from what the program does with it, never from its name:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["EntryParameters", "classify_parameters", "is_integer"]
+__all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names"]
 
 _ALIAS = re.compile(r"\}\s*:\s*\(\s*(\d+)\s*,")
 # Ops through which an updated weight keeps its identity (an optimizer's elementwise update).
@@ -101,7 +102,12 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
         if state:
             # A training step: what it does not update is its input (float targets, masks, features).
             data |= _numbers(arrays) - state
-    names = {number: _name(p) for p in params if (number := p.parameter_number) is not None}
+    if view.framework == "torch_xla":
+        sharded = view.sharded
+        global_params = sharded.entry.parameters() if sharded is not None and sharded.entry is not None else params
+        names = torch_parameter_names(global_params, view.dump.run_record, exclude=frozenset(data))
+    else:
+        names = {number: _name(p) for p in params if (number := p.parameter_number) is not None}
     weights = frozenset(_numbers(arrays)) - data
     return EntryParameters(weights, frozenset(data), scalars, frozenset(state), names)
 
@@ -114,9 +120,63 @@ def _numbers(params: Iterable[Instruction]) -> set[int]:
 def _name(param: Instruction) -> str:
     metadata = param.metadata
     if metadata is not None and metadata.op_name:
-        # torch_xla: not the path of the module that happens to read it first (see module_path_of)
         return split_module_path(metadata.op_name)[1]
     return param.name
+
+
+# torch dtype (as the runner records it) -> HLO element type
+_TORCH_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "s64",
+                "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8", "bool": "pred"}
+
+
+def torch_parameter_names(params: Iterable[Instruction], run_record: object,
+                          exclude: frozenset[int] = frozenset()) -> dict[int, str]:
+    """How the user knows each torch_xla entry parameter (all named ``xla__device_data`` in the dump).
+
+    The module path of the ``nn.Module`` parameter it is (``model.layers.0.self_attn.o_proj.weight``),
+    when the runner recorded the model's parameters (``module_trees``) and exactly one of them is a
+    direct parameter of the module whose forward first reads it (the op_name's module path) with its
+    global shape and dtype, and no other entry parameter matches that path; otherwise its name and
+    global shape (``p10.34 f32[256,256]``). Parameter numbers in ``exclude`` (the data) are never
+    given a path. ``params`` should carry global shapes (the after-propagation module's).
+    """
+    recorded = _recorded_parameters(run_record)
+    claims: dict[int, str] = {}
+    fallback: dict[int, str] = {}
+    for param in params:
+        number = param.parameter_number
+        if number is None:
+            continue
+        fallback[number] = f"{param.name} {param.shape}"
+        metadata = param.metadata
+        owner = split_module_path(metadata.op_name)[0] if metadata is not None else None
+        if owner is None or number in exclude or param.shape.is_tuple:
+            continue
+        found = [path for path, shape, element_type in recorded
+                 if path.rpartition(".")[0] == owner and shape == param.shape.dims
+                 and element_type == param.shape.element_type]
+        if len(found) == 1:
+            claims[number] = found[0]
+    taken = Counter(claims.values())
+    return {number: claims[number] if taken[claims.get(number, "")] == 1 else label
+            for number, label in fallback.items()}
+
+
+def _recorded_parameters(run_record: object) -> list[tuple[str, tuple[int, ...], str]]:
+    """(path, shape, HLO element type) of every parameter the runner recorded (``module_trees``)."""
+    trees = run_record.get("module_trees") if isinstance(run_record, dict) else None
+    found = []
+    for tree in trees if isinstance(trees, list) else ():
+        entries = tree.get("parameters") if isinstance(tree, dict) else None
+        for entry in entries if isinstance(entries, list) else ():
+            if not isinstance(entry, dict):
+                continue
+            path, shape, dtype = entry.get("path"), entry.get("shape"), entry.get("dtype")
+            element_type = _TORCH_TYPES.get(str(dtype).removeprefix("torch."))
+            if (isinstance(path, str) and path and element_type is not None and isinstance(shape, list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+                found.append((path, tuple(shape), element_type))
+    return found
 
 
 def _aliased(view: ModuleView) -> set[int]:

@@ -169,7 +169,7 @@ class ActivationAllGather(Rule):
                  dot: Instruction, weight_key: NodeKey, weight_params: list[int]) -> Finding:
         graph = analysis.graph
         operand = graph.instruction(operand_key)
-        operand_name = parameter_name(ctx, operand) if operand.opcode == "parameter" else operand.name
+        operand_name = parameter_name(ctx, operand, with_shape=False) if operand.opcode == "parameter" else operand.name
         result = graph.instruction((collective.computation, collective.done)) if collective.done else start
         out_shape = result.shape if not result.shape.is_tuple else result.shape.tuple_shapes[-1]
         batch_input = analysis.inputs[param]

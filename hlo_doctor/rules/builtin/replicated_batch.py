@@ -201,7 +201,7 @@ class ReplicatedBatch(Rule):
         rows = batch_input.shape.dims[0]
         factor = math.prod(mesh.axis_size(a) for a in axes)
         wire = sum(r.facts.wire_bytes_per_step for r in gathers)
-        input_name = parameter_name(ctx, batch_input)
+        input_name = parameter_name(ctx, batch_input, with_shape=False)  # the message prints its shape
         axes_text = "/".join(repr(a) for a in axes)
         largest = max(gathers, key=lambda r: r.facts.wire_bytes_per_step)
         message = (
@@ -256,7 +256,7 @@ class ReplicatedBatch(Rule):
         top_computation, top = max(replicating, key=lambda a: a.flops).dots[0]
         partitioned = ctx.partitioned_names([(top_computation, top.name)])
         share = sum(a.flops for a in replicating) / activation_flops / len(replicating)
-        input_name = parameter_name(ctx, batch_input)
+        input_name = parameter_name(ctx, batch_input, with_shape=False)  # the message prints its shape
         axes_text = "/".join(repr(a) for a in names)
         message = (
             f"the batch is not split over mesh axis {axes_text} ({factor} devices) while the program is sharded: "
