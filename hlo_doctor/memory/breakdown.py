@@ -166,7 +166,9 @@ def _value_item(module: HloModule, instruction_name: str, suffix: str, size: int
     instruction = entry.get(instruction_name) if entry is not None else None
     cls = values.by_name.get(instruction_name, "temporaries")
     if instruction is None:
-        return MemoryItem(cls, instruction_name + suffix, size, None, instruction_name)
+        where = next((c.name for c in module.computations if not c.is_entry and c.get(instruction_name)), None)
+        label = instruction_name + suffix + (f" (in {where})" if where else "")
+        return MemoryItem(cls, label, size, None, instruction_name)
     label, source = describe(instruction)
     return MemoryItem(cls, label + suffix, size, source, instruction_name)
 
@@ -220,18 +222,45 @@ def _heap_items(allocation, ranges: LiveRanges | None, own_ranges: dict[str, tup
     best_bytes = -1
     positions = sorted({start for _, (start, _end) in spans})
     for position in positions:
-        live = [value for value, (start, end) in spans if start <= position <= end]
-        total = sum(v.size for v in live)
+        live = _disjoint([(value, start) for value, (start, end) in spans if start <= position <= end])
+        total = sum(size for _, size in live)
         if total > best_bytes:
             best, best_bytes = live, total
     items = []
-    for value in best:
+    for value, size in best:
         suffix = value.shape_index if value.shape_index != "{}" else ""
-        items.append(_value_item(module, value.instruction, suffix, value.size, values, describe))
+        items.append(_value_item(module, value.instruction, suffix, size, values, describe))
     used = sum(i.bytes for i in items)
     if allocation.size > used:
         items.append(MemoryItem("temporaries", UNUSED_HEAP, allocation.size - used))
     return items
+
+
+def _disjoint(live: list) -> list:  # list[tuple[AssignedValue, int]] -> list[tuple[AssignedValue, int]]
+    """The bytes each live value holds on its own: values that share bytes of the heap at one
+    position (an output written over its operand's last use) count them once, for the newest."""
+    taken: list[tuple[int, int]] = []  # disjoint [start, end) byte ranges already counted
+    found = []
+    for value, _start in sorted(live, key=lambda pair: (-pair[1], pair[0].offset)):
+        low, high = value.offset, value.offset + value.size
+        own = high - low
+        for begin, end in taken:
+            own -= max(0, min(high, end) - max(low, begin))
+        if own > 0:
+            found.append((value, own))
+            taken.append((low, high))
+            taken = _merged(taken)
+    return found
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for begin, end in sorted(ranges):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
 
 
 def _estimate(module: HloModule, values: ValueClasses, liveness: Liveness | None,

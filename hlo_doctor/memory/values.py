@@ -111,6 +111,9 @@ def classify_values(module: HloModule, parameter_classes: Mapping[int, str]) -> 
         from_gathered = any(operand in gathered for operand in instruction.operands)
         if mask and not mask & ~_WEIGHT and (collective == "all-gather" or from_gathered):
             gathered.add(instruction.name)
+        elif collective == "all-gather" and any(_through_views(entry, operand) in gathered
+                                                for operand in instruction.operands):
+            gathered.add(instruction.name)  # the done half of a gather of weights (TPU: its tuple's parts)
     on_update = _update_path(entry, module, origin)
     for instruction in entry.instructions:
         name = instruction.name
@@ -128,6 +131,16 @@ def classify_values(module: HloModule, parameter_classes: Mapping[int, str]) -> 
         else:
             classes[name] = "temporaries"
     return ValueClasses(classes, collectives)
+
+
+def _through_views(entry: Computation, name: str) -> str:
+    """The instruction whose bytes ``name`` is, following get-tuple-elements and bitcasts."""
+    for _ in range(16):
+        instruction = entry.get(name)
+        if instruction is None or instruction.opcode not in ("get-tuple-element", "bitcast") or not instruction.operands:
+            return name
+        name = instruction.operands[0]
+    return name
 
 
 def _update_path(entry: Computation, module: HloModule, origin: dict[str, int]) -> set[str]:
