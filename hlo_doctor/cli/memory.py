@@ -8,10 +8,11 @@ from io import StringIO
 
 import click
 
-from hlo_doctor.cli.common import input_errors_exit_2
+from hlo_doctor.cli.common import emit, input_errors_exit_2
 from hlo_doctor.dump import load_dump
 from hlo_doctor.errors import InputError
 from hlo_doctor.memory import ESTIMATE, FROM_BUFFER_ASSIGNMENT, FROM_USAGE_REPORT, ModuleMemory
+from hlo_doctor.report.memory_svg import memory_page
 from hlo_doctor.report.safe import rich_text
 from hlo_doctor.rules._memory import memory_of, target_for
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
@@ -52,7 +53,9 @@ class SizeType(click.ParamType):
 
 @click.command("memory")
 @click.argument("dump", metavar="DUMP")
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "html"]), default="text",
+              show_default=True, help="html: one page with each module's peak stacked by class against the target.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write to this file.")
 @click.option("--hardware", metavar="NAME",
               help="Hold the peak against this hardware's memory (a bundled profile or a JSON file). "
                    "Default: the hardware the dump was compiled for, when it says.")
@@ -62,8 +65,8 @@ class SizeType(click.ParamType):
 @click.option("--items", "item_count", type=click.IntRange(min=0), default=12, show_default=True,
               help="How many of the largest items the text lists per module (JSON lists all).")
 @input_errors_exit_2
-def memory_command(dump: str, output_format: str, hardware: str | None, hbm_bytes: int | None,
-                   module_name: str | None, item_count: int) -> None:
+def memory_command(dump: str, output_format: str, output: str | None, hardware: str | None,
+                   hbm_bytes: int | None, module_name: str | None, item_count: int) -> None:
     """Memory per device at each module's peak: how much, what fills it, against the target.
 
     The peak comes from XLA's own buffer assignment (or memory-usage report)
@@ -77,6 +80,7 @@ def memory_command(dump: str, output_format: str, hardware: str | None, hbm_byte
       hlo-doctor memory ./dump
       hlo-doctor memory ./dump --hardware tpu-v5e
       hlo-doctor memory ./dump --hbm 16GiB --format json
+      hlo-doctor memory ./dump --format html -o memory.html
     """
     profile = load_profile(hardware) if hardware else None
     loaded = load_dump(dump)
@@ -90,9 +94,12 @@ def memory_command(dump: str, output_format: str, hardware: str | None, hbm_byte
         if memory is not None:
             memories.append(memory)
     if output_format == "json":
-        click.echo(json.dumps(memory_document(memories), indent=2))
-        return
-    click.echo(render_memory(memories, item_count), nl=False)
+        text = json.dumps(memory_document(memories), indent=2) + "\n"
+    elif output_format == "html":
+        text = memory_page(memories, f"hlo-doctor memory: {dump}")
+    else:
+        text = render_memory(memories, item_count)
+    emit(text, output)
 
 
 def memory_document(memories: list[ModuleMemory]) -> dict:
