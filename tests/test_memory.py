@@ -207,3 +207,20 @@ def test_diff_max_memory():
     assert runner.invoke(main, ["diff", bad, fixed, *select, "--max-memory", "5%"]).exit_code == 0
     result = runner.invoke(main, ["diff", fixed, bad, *select, "--max-memory", "5%"])
     assert result.exit_code == 1 and "grew" in result.output
+
+
+def test_memory_picture_stacks_the_classes_against_the_target(tmp_path):
+    from hlo_doctor.memory import MemoryItem, ModuleMemory, Target
+    from hlo_doctor.report.memory_svg import memory_svg
+
+    memory = ModuleMemory("jit_<step>", 30, "estimate", {"weights": 20, "activations": 10},
+                          (MemoryItem("weights", "<w>", 20), MemoryItem("activations", "x", 10)), Target("v<5e>", 16))
+    svg = memory_svg(memory)
+    assert svg.count("<rect") == 2 * 2  # a segment and a legend swatch per class
+    assert "over by 14 B" in svg and "<5e>" not in svg and "&lt;5e&gt;" in svg
+    folder = FIXTURES / "device-memory" / "jax-v5e_4x4-bad"
+    out = tmp_path / "memory.html"
+    result = CliRunner().invoke(main, ["memory", str(folder), "--format", "html", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "optimizer_state" in page

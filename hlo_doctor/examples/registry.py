@@ -182,7 +182,7 @@ EXAMPLES: tuple[Example, ...] = (
     ),
     Example(
         "fsdp-gathered-weights",
-        "FSDP + AdamW step of 8 bf16 MLP blocks on 2x8 H100s that keeps every layer's gathered "
+        "FSDP + AdamW step of 6 bf16 MLP blocks on 2x8 H100s that keeps every layer's gathered "
         "weights from the forward for the backward (fixed: jax.checkpoint with nothing_saveable "
         "gathers them again)",
         PAIR, devices=16, devices_per_host=8, scripts=_jax("fsdp_gathered_weights"),

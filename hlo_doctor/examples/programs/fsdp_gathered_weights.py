@@ -1,11 +1,11 @@
 """An FSDP + AdamW train step on 2 hosts of 8 H100s that keeps every layer's gathered weights for the backward.
 
-Eight MLP blocks (d_model 4096, ffn 16384) with f32 master weights sharded
+Six MLP blocks (d_model 4096, ffn 16384) with f32 master weights sharded
 over 'fsdp' on 16 GPUs, matmuls in bf16. Autodiff saves what the backward
 needs, and the backward of `x @ w` needs `w`: the gathered bf16 copy of
-every layer's weights is kept from the forward to the backward, so all eight
-layers' gathered weights are alive at once and FSDP's saving is lost. The
-fixed variant wraps each block in `jax.checkpoint` with a policy that saves
+every layer's weights is kept from the forward to the backward, so the
+gathered weights of all six layers are alive at once and FSDP's saving is
+lost. The fixed variant wraps each block in `jax.checkpoint` with a policy that saves
 nothing (`jax.checkpoint_policies.nothing_saveable`): the backward
 recomputes the block, so the weights are gathered again layer by layer.
 
@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 DEVICES = 16
-D_MODEL, FFN, LAYERS, BATCH, SEQ = 4096, 16384, 8, 32, 1152
+D_MODEL, FFN, LAYERS, BATCH, SEQ = 4096, 16384, 6, 32, 1152
 LEARNING_RATE, BETA1, BETA2, EPS, WEIGHT_DECAY = 1e-4, 0.9, 0.95, 1e-8, 0.1
 
 
