@@ -197,6 +197,10 @@ def test_check_max_memory():
     assert runner.invoke(main, ["check", fixed, *quiet, "--max-memory", "target"]).exit_code == 0
     assert runner.invoke(main, ["check", fixed, *quiet, "--max-memory", "1GiB"]).exit_code == 1
     assert runner.invoke(main, ["check", fixed, *quiet, "--max-memory", "5%"]).exit_code == 2
+    cpu = str(FIXTURES / "replicated-adamw-state" / "jax-shardy-fixed")
+    result = runner.invoke(main, ["check", cpu, *quiet, "--max-memory", "target"])
+    assert result.exit_code == 2 and "unknown" in result.output
+    assert runner.invoke(main, ["check", cpu, *quiet, "--max-memory", "target", "--hardware", "h100"]).exit_code == 0
 
 
 def test_diff_max_memory():

@@ -195,10 +195,12 @@ def memory_limit_failures(limit: str, after: list[ModuleMemory], before: list[Mo
                                 f"({format_bytes(old.peak_bytes)} -> {format_bytes(memory.peak_bytes)}; limit {pct:g}%)")
         return failures
     if text.lower() == "target":
+        unknown = [m.name for m in after if m.target is None]
+        if unknown:
+            raise InputError(f"--max-memory target: the target's memory is unknown for {', '.join(unknown[:3])} "
+                             "(--hardware NAME, or a size: --max-memory 16GiB)")
         for memory in after:
-            if memory.target is None:
-                failures.append(f"{memory.name}: the target's memory is unknown (--hardware NAME)")
-            elif memory.peak_bytes > memory.target.hbm_bytes:
+            if memory.target is not None and memory.peak_bytes > memory.target.hbm_bytes:
                 failures.append(f"{memory.name}: peak memory per device {format_bytes(memory.peak_bytes)} is over "
                                 f"the {memory.target.hardware}'s {format_bytes(memory.target.hbm_bytes)}")
         return failures
