@@ -228,3 +228,22 @@ def test_memory_picture_stacks_the_classes_against_the_target(tmp_path):
     assert result.exit_code == 0, result.output
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "optimizer_state" in page
+
+
+def test_damaged_memory_files_still_add_up(tmp_path):
+    """Hand-damaged copies of XLA's files: values outside their heap, a truncated listing, garbage."""
+    import shutil
+
+    folder = tmp_path / "dump"
+    shutil.copytree(FIXTURES / "fsdp-gathered-weights" / "jax-h100_2x8-fixed", folder)
+    [assignment] = folder.glob("*-buffer-assignment.txt")
+    text = assignment.read_text()
+    damaged = text.replace(",offset=0)", ",offset=99999999999)", 5)[: len(text) * 2 // 3]
+    assignment.write_text(damaged + "\nallocation x: size\n value: <junk\n\x00\x1b[31m")
+    [live] = folder.glob("*-live-range.txt")
+    live.write_text("garbage\n")
+    result = CliRunner().invoke(main, ["memory", str(folder), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    for module in json.loads(result.output)["modules"]:
+        assert sum(module["classes"].values()) == module["peak_bytes"]
+        assert sum(item["bytes"] for item in module["items"]) == module["peak_bytes"]

@@ -222,7 +222,8 @@ def _heap_items(allocation, ranges: LiveRanges | None, own_ranges: dict[str, tup
     best_bytes = -1
     positions = sorted({start for _, (start, _end) in spans})
     for position in positions:
-        live = _disjoint([(value, start) for value, (start, end) in spans if start <= position <= end])
+        live = _disjoint([(value, start) for value, (start, end) in spans if start <= position <= end],
+                         allocation.size)
         total = sum(size for _, size in live)
         if total > best_bytes:
             best, best_bytes = live, total
@@ -236,13 +237,14 @@ def _heap_items(allocation, ranges: LiveRanges | None, own_ranges: dict[str, tup
     return items
 
 
-def _disjoint(live: list) -> list:  # list[tuple[AssignedValue, int]] -> list[tuple[AssignedValue, int]]
+def _disjoint(live: list, size: int) -> list:  # list[tuple[AssignedValue, int]] -> list[tuple[AssignedValue, int]]
     """The bytes each live value holds on its own: values that share bytes of the heap at one
-    position (an output written over its operand's last use) count them once, for the newest."""
+    position (an output written over its operand's last use) count them once, for the newest;
+    bytes a (damaged) file places outside the heap's ``size`` do not count."""
     taken: list[tuple[int, int]] = []  # disjoint [start, end) byte ranges already counted
     found = []
     for value, _start in sorted(live, key=lambda pair: (-pair[1], pair[0].offset)):
-        low, high = value.offset, value.offset + value.size
+        low, high = min(value.offset, size), min(value.offset + value.size, size)
         own = high - low
         for begin, end in taken:
             own -= max(0, min(high, end) - max(low, begin))
