@@ -13,9 +13,11 @@ computations it calls need beyond their parameters.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
+from hlo_doctor.hlo.ir_shape import Shape
 from hlo_doctor.memory.values import is_view
 
 __all__ = ["LiveValue", "Liveness", "module_liveness"]
@@ -45,6 +47,21 @@ class Liveness:
         return [v for v in self.values if v.start <= position <= v.end]
 
 
+_MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+
+
+def _default_space_bytes(shape: Shape) -> int:
+    """The bytes of a shape's leaves that live in the default memory space (device memory): a TPU
+    layout's ``S(1)`` puts a leaf in vmem, outside what the peak counts."""
+    total = 0
+    for leaf in shape.leaves() if shape.is_tuple else (shape,):
+        layout = leaf.layout
+        space = _MEMORY_SPACE.search(layout.text) if layout is not None else None
+        if space is None or space.group(1) == "0":
+            total += leaf.byte_size
+    return total
+
+
 def _own_size(instruction: Instruction) -> int:
     if instruction.opcode in ("tuple", "get-tuple-element", "bitcast") or is_view(instruction):
         return 0
@@ -55,8 +72,8 @@ def _own_size(instruction: Instruction) -> int:
         # operands it aliases; count the result only
         shape = instruction.shape
         leaves = list(shape.leaves()) if shape.is_tuple else [shape]
-        return leaves[-1].byte_size if leaves else 0
-    return instruction.shape.byte_size
+        return _default_space_bytes(leaves[-1]) if leaves else 0
+    return _default_space_bytes(instruction.shape)
 
 
 def _ranges(computation: Computation) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
@@ -99,7 +116,7 @@ def _liveness(module: HloModule, computation: Computation, depth: int, *, count_
     for position, instruction in enumerate(instructions):
         if instruction.opcode == "parameter":
             if count_parameters:
-                values.append(LiveValue(instruction.name, instruction.shape.byte_size, 0, length))
+                values.append(LiveValue(instruction.name, _default_space_bytes(instruction.shape), 0, length))
             continue
         if instruction.opcode in _CALLERS and depth <= 8:
             extra = 0
