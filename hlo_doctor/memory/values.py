@@ -21,7 +21,7 @@ from and where it goes, never from names:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
@@ -166,30 +166,46 @@ def _update_path(entry: Computation, module: HloModule, origin: dict[str, int]) 
     return seen
 
 
-def reaches_only_updates(module: HloModule, number: int) -> bool:
-    """Whether entry parameter ``number`` reaches no matmul, reduction or collective: it only
-    updates itself and the weight it belongs to (an optimizer's moments)."""
+def reaches_only_updates(module: HloModule, numbers: Iterable[int]) -> frozenset[int]:
+    """Those of the entry parameters ``numbers`` that reach no matmul, reduction or collective: they
+    only update themselves and the weight they belong to (an optimizer's moments)."""
     entry = module.entry
     if entry is None:
-        return False
-    param = next((p for p in entry.parameters() if p.parameter_number == number), None)
-    if param is None:
-        return False
+        return frozenset()
+    wanted = set(numbers)
+    params = {p.parameter_number: p for p in entry.parameters() if p.parameter_number in wanted}
     users = entry.users()
-    stack, seen = [param.name], set()
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for user in users.get(name, ()):
-            if user.opcode in _MATMULS or user.opcode in _REDUCTIONS or collective_of(user, module) is not None:
-                return False
-            if user.opcode in ("fusion", "call", "while", "conditional") and (
-                    _contains(user, module, _MATMULS) or _contains(user, module, _REDUCTIONS)):
-                return False
-            stack.append(user.name)
-    return True
+    judged: dict[str, bool] = {}  # instruction -> reaches no matmul, reduction or collective
+
+    def only_updates(start: str) -> bool:
+        stack, seen = [start], set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if judged.get(name) is True:
+                continue
+            for user in users.get(name, ()):
+                if judged.get(user.name) is False or _feeds_work(user, module):
+                    return False
+                stack.append(user.name)
+        return True
+
+    found = set()
+    for number, param in params.items():
+        answer = only_updates(param.name)
+        judged[param.name] = answer
+        if answer:
+            found.add(number)
+    return frozenset(found)
+
+
+def _feeds_work(user: Instruction, module: HloModule) -> bool:
+    if user.opcode in _MATMULS or user.opcode in _REDUCTIONS or collective_of(user, module) is not None:
+        return True
+    return user.opcode in ("fusion", "call", "while", "conditional") and (
+        _contains(user, module, _MATMULS) or _contains(user, module, _REDUCTIONS))
 
 
 def is_view(instruction: Instruction) -> bool:

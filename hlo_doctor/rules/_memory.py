@@ -53,11 +53,9 @@ def parameter_classes(ctx: RuleContext) -> dict[int, str]:
     classes: dict[int, str] = {}
     for number in params.data | params.scalars:
         classes[number] = "inputs"
+    moments = reaches_only_updates(module, params.weights & params.state)
     for number in params.weights:
-        if number in params.state and reaches_only_updates(module, number):
-            classes[number] = "optimizer_state"
-        else:
-            classes[number] = "weights"
+        classes[number] = "optimizer_state" if number in moments else "weights"
     return classes
 
 
