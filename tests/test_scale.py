@@ -27,7 +27,7 @@ FIXTURE = FIXTURES / "fsdp-activation-gather" / "jax-shardy-bad"
 MEMORY_RULES = ("exceeds-device-memory", "gathered-weights-held", "replicated-optimizer-state")
 
 
-def test_buffer_assignment_and_memory_reports_are_opened_only_by_the_memory_rules(tmp_path, monkeypatch):
+def test_buffer_assignment_and_memory_reports_are_opened_only_by_the_memory_rules_with_a_target(tmp_path, monkeypatch):
     folder = tmp_path / "dump"
     shutil.copytree(FIXTURE, folder)
     reports = [folder / f"module_0000.jit_mlp.cpu_after_optimizations-{kind}.txt"
@@ -44,7 +44,9 @@ def test_buffer_assignment_and_memory_reports_are_opened_only_by_the_memory_rule
     report = analyze_dump(folder, jobs=1, ignore=MEMORY_RULES)
     assert opened and not [p for p in opened if any(str(r) == p for r in reports)]
     assert render_json(report).replace(str(folder), str(FIXTURE)) == expected
-    analyze_dump(folder, jobs=1, select=MEMORY_RULES)
+    analyze_dump(folder, jobs=1, select=MEMORY_RULES)  # a CPU dump with no target: nothing to measure
+    assert not [p for p in opened if any(str(r) == p for r in reports)]
+    analyze_dump(folder, jobs=1, select=MEMORY_RULES, hardware="h100")
     assert [p for p in opened if any(str(r) == p for r in reports)]  # the memory rules do read them
 
 

@@ -6,7 +6,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.memory import FROM_BUFFER_ASSIGNMENT, FROM_USAGE_REPORT, ModuleMemory
-from hlo_doctor.rules._memory import ParameterLayout, memory_of, parameter_instruction, parameter_layouts
+from hlo_doctor.rules._memory import (
+    ParameterLayout,
+    memory_of,
+    parameter_instruction,
+    parameter_layouts,
+    target_for,
+)
 from hlo_doctor.rules._suggest import parameter_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -95,11 +101,11 @@ class ExceedsDeviceMemory(Rule):
     def check(self, ctx: RuleContext) -> Iterator[Finding]:
         if ctx.per_device is None:
             raise RuleSkipped("no per-device (partitioned or optimized) snapshot")
-        memory = memory_of(ctx)
-        if memory is None:
-            raise RuleSkipped("no per-device module to measure")
-        if memory.target is None:
+        if target_for(ctx) is None:  # judged before anything is measured: nothing to hold the peak against
             raise RuleSkipped("the target's memory is unknown (--hardware NAME)")
+        memory = memory_of(ctx)
+        if memory is None or memory.target is None:
+            raise RuleSkipped("no per-device module to measure")
         if memory.peak_bytes <= memory.target.hbm_bytes:
             return
         yield self._finding(ctx, memory)
