@@ -50,6 +50,9 @@ class Case:
     needs: tuple[str, ...] = ()  # modules the program imports beyond jax / torch_xla
     verbatim: bool = True  # the patch's added lines are the printed code; else it carries ``value``
     value: str | None = None
+    # the rules whose findings the patch fixes (default: every rule the bad fixture expects); the
+    # others' findings must then be expected of the fixed twin too
+    rules: tuple[str, ...] = ()
 
     @property
     def patch(self) -> Path:
@@ -73,6 +76,15 @@ CASES = [
     Case("replicated-batch", "jax", "replicated-batch/jax-gspmd-bad", "gspmd", verbatim=False,
          value="('data', 'fsdp')"),
     Case("sync-collective", "jax", "sync-collective/jax-h100_2x8-bad", target="h100:2x8", needs=("jax_plugins",)),
+    # memory per device: the printed code names what the HLO cannot (placeholders), so the patch
+    # carries the value the fix names: the axes, the moments' sharding, the remat policy
+    Case("device-memory", "jax", "device-memory/jax-v5e_4x4-bad", target="v5e:4x4", needs=("libtpu",),
+         verbatim=False, value="('data', 'fsdp')"),
+    Case("replicated-adamw-state", "jax", "replicated-adamw-state/jax-shardy-bad", "shardy", verbatim=False,
+         value="p.sharding"),
+    Case("fsdp-gathered-weights", "jax", "fsdp-gathered-weights/jax-h100_2x8-bad", target="h100:2x8",
+         needs=("jax_plugins",), verbatim=False, value="jax.checkpoint_policies.nothing_saveable",
+         rules=("gathered-weights-held",)),  # communication-bound: both twins (see their expected findings)
     Case("flax-linen-rules", "jax", "flax-linen-rules/jax-shardy-bad", "shardy", needs=("flax", "optax")),
     Case("flax-nnx-partitioning", "jax", "flax-nnx-partitioning/jax-shardy-bad", "shardy", needs=("flax", "optax"),
          verbatim=False, value="kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ('fsdp', None))"),
@@ -138,7 +150,7 @@ def test_the_printed_fix_removes_the_finding(case: Case, tmp_path: Path) -> None
             pytest.skip(f"{case.example} needs {module} (the third-party extra)")
     fixture = FIXTURES / case.fixture
     expected = json.loads((fixture / "expected_findings.json").read_text())["findings"]
-    targeted = {f["rule"] for f in expected}
+    targeted = set(case.rules) or {f["rule"] for f in expected}
     assert targeted, f"{case.fixture} expects no finding: nothing to fix"
     before = analyze_dump(fixture, select=builtin_rule_ids())
     printed = [f for f in before.findings if f.rule in targeted and f.suggestion is not None]

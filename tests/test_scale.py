@@ -23,21 +23,31 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE = FIXTURES / "fsdp-activation-gather" / "jax-shardy-bad"
 
 
-def test_buffer_assignment_and_memory_reports_are_never_opened(tmp_path, monkeypatch):
+# The rules that read XLA's memory files (hlo-doctor memory's peak); the others never open them.
+MEMORY_RULES = ("exceeds-device-memory", "gathered-weights-held", "replicated-optimizer-state")
+
+
+def test_buffer_assignment_and_memory_reports_are_opened_only_by_the_memory_rules_with_a_target(tmp_path, monkeypatch):
     folder = tmp_path / "dump"
     shutil.copytree(FIXTURE, folder)
     reports = [folder / f"module_0000.jit_mlp.cpu_after_optimizations-{kind}.txt"
                for kind in ("buffer-assignment", "buffer-assignment-values", "memory-usage-report", "live-range")]
     for report in reports:
         report.write_text("BufferAssignment:\nallocation 0: size 4\n")
-    expected = render_json(analyze_dump(FIXTURE, jobs=1))
+    expected = render_json(analyze_dump(FIXTURE, jobs=1, ignore=MEMORY_RULES))
     opened: list[str] = []
-    real_open, real_read_bytes = builtins.open, pathlib.Path.read_bytes
+    real_open, real_read_bytes, real_read_text = builtins.open, pathlib.Path.read_bytes, pathlib.Path.read_text
     monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
     monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: opened.append(str(self)) or real_read_bytes(self))
-    report = analyze_dump(folder, jobs=1)
+    monkeypatch.setattr(pathlib.Path, "read_text",
+                        lambda self, *a, **k: opened.append(str(self)) or real_read_text(self, *a, **k))
+    report = analyze_dump(folder, jobs=1, ignore=MEMORY_RULES)
     assert opened and not [p for p in opened if any(str(r) == p for r in reports)]
     assert render_json(report).replace(str(folder), str(FIXTURE)) == expected
+    analyze_dump(folder, jobs=1, select=MEMORY_RULES)  # a CPU dump with no target: nothing to measure
+    assert not [p for p in opened if any(str(r) == p for r in reports)]
+    analyze_dump(folder, jobs=1, select=MEMORY_RULES, hardware="h100")
+    assert [p for p in opened if any(str(r) == p for r in reports)]  # the memory rules do read them
 
 
 def test_entry_parameters_come_from_their_lines_alone():

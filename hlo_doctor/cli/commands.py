@@ -9,6 +9,7 @@ from hlo_doctor.cli.collectives import collectives_command
 from hlo_doctor.cli.fix import fix_command
 from hlo_doctor.cli.gate import check_command, config_command, diff_command
 from hlo_doctor.cli.ls import ls_command
+from hlo_doctor.cli.memory import memory_command
 from hlo_doctor.cli.run import examples_command, run_command
 from hlo_doctor.cli.show import explain_command, show_command
 
@@ -26,6 +27,7 @@ COMMANDS: tuple[click.Command, ...] = (
     show_command,
     explain_command,
     collectives_command,
+    memory_command,
 )
 
 

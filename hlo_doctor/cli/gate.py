@@ -21,6 +21,12 @@ from hlo_doctor.cli.common import (
     input_errors_exit_2,
     load_rules,
 )
+from hlo_doctor.cli.memory import (
+    MAX_MEMORY_DIFF_HELP,
+    MAX_MEMORY_HELP,
+    memory_limit_failures,
+    module_peaks,
+)
 from hlo_doctor.cli.output import OutputOptions, analyze_or_exit, failures_as_json, write_report
 from hlo_doctor.config import SEVERITIES
 from hlo_doctor.findings import Severity
@@ -45,15 +51,17 @@ from hlo_doctor.units import format_bytes
               help="Ignore the findings recorded in this baseline file.")
 @click.option("--write-baseline", "write_baseline_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Record the current findings in this file (and exit 0).")
+@click.option("--max-memory", "max_memory", metavar="LIMIT", help=MAX_MEMORY_HELP + ".")
 @input_errors_exit_2
 def check_command(dump, devices_per_host, hardware, select, ignore, config_file, verbose, jobs, strict_plugins,
-                  fail_on, baseline_file, write_baseline_file, **output):
+                  fail_on, baseline_file, write_baseline_file, *, max_memory=None, **output):
     """Gate CI on a compiled graph: exit 1 when findings at or above --fail-on remain.
 
     \b
       hlo-doctor check ./dump                                 # fail on warnings and errors
       hlo-doctor check ./dump --write-baseline hlo-baseline.json
       hlo-doctor check ./dump --baseline hlo-baseline.json --format sarif -o hlo.sarif
+      hlo-doctor check ./dump --max-memory target            # also fail when a step does not fit
     """
 
     out = OutputOptions.pop_from(output)
@@ -79,6 +87,10 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
     write_report(report, out)
     threshold = Severity(config.fail_on.value).rank
     failing = [f for f in report.findings if f.severity.rank <= threshold]
+    memory_failures = memory_limit_failures(max_memory, module_peaks(dump, config.hardware.value)) \
+        if max_memory is not None else []
+    for line in memory_failures:
+        click.echo(plain(f"memory: {line}"), err=True)
     if baseline is not None and not out.quiet:
         baselined = len(report.baselined or ())
         click.echo(f"baseline {baseline_file}: {baselined} known finding{'s' if baselined != 1 else ''} ignored, "
@@ -90,6 +102,8 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
         if not out.quiet:
             click.echo(f"{len(failing)} finding{'s' if len(failing) != 1 else ''} at or above "
                        f"'{config.fail_on.value}'", err=True)
+        raise SystemExit(1)
+    if memory_failures and not out.exit_zero:
         raise SystemExit(1)
 
 
@@ -141,14 +155,15 @@ def config_command(config_file, output_format):
 @click.option("--critical-path", is_flag=True,
               help="--max-comm-increase limits the bytes on the critical path (collectives whose operand "
                    "derives from the step's data) instead of all bytes: prefetchable weight gathers may grow.")
+@click.option("--max-memory", "max_memory", metavar="LIMIT", help=MAX_MEMORY_DIFF_HELP)
 @click.option("--devices-per-host", type=click.IntRange(min=1), help="Devices per host (for cross-host bytes).")
 @click.option("--select", multiple=True, metavar="ID", help="Run only these rules.")
 @click.option("--ignore", multiple=True, metavar="ID", help="Do not run these rules.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Configuration file.")
 @input_errors_exit_2
-def diff_command(before, after, output_format, output, max_comm_increase, critical_path, devices_per_host, select,
-                 ignore, config_file):
+def diff_command(before, after, output_format, output, max_comm_increase, critical_path, max_memory, devices_per_host,
+                 select, ignore, config_file):
     """Compare two dumps of the same program: collectives, bytes by role, findings, parameter shardings.
 
     Exits 1 when new findings appear or collective bytes grow by more than
@@ -159,11 +174,13 @@ def diff_command(before, after, output_format, output, max_comm_increase, critic
     \b
       hlo-doctor diff main-dump pr-dump --max-comm-increase 10
       hlo-doctor diff main-dump pr-dump --max-comm-increase 10 --critical-path
+      hlo-doctor diff main-dump pr-dump --max-memory 5%       # the peak per device may grow 5%
     """
     if critical_path and max_comm_increase is None:
         raise click.UsageError("--critical-path chooses the bytes --max-comm-increase limits: add --max-comm-increase")
 
     config = effective_config(config_file, select=ids(select), ignore=ids(ignore), devices_per_host=devices_per_host)
+    before_dump, after_dump = before, after
     diff = diff_dumps(
         before,
         after,
@@ -187,6 +204,10 @@ def diff_command(before, after, output_format, output, max_comm_increase, critic
         if grew > max_comm_increase:
             by = f"{grew:.1f}%" if math.isfinite(grew) else f"from {format_bytes(before)} to {format_bytes(after)}"
             reasons.append(f"{what} grew {by} (limit {max_comm_increase:g}%)")
+    if max_memory is not None:
+        hardware = config.hardware.value
+        reasons.extend(memory_limit_failures(max_memory, module_peaks(after_dump, hardware),
+                                             module_peaks(before_dump, hardware)))
     if reasons:
         click.echo("; ".join(reasons), err=True)
         raise SystemExit(1)

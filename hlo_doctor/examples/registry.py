@@ -165,6 +165,29 @@ EXAMPLES: tuple[Example, ...] = (
         "(fixed: the carried activation constrained to the batch sharding)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("scan_lost_batch"),
     ),
+    # --- memory per device (`hlo-doctor memory`) ---
+    Example(
+        "device-memory",
+        "FSDP + AdamW step of 4 MLP blocks, 4.8 B parameters on a TPU v5e 4x4 (16 GiB chips), mesh "
+        "('data', 'fsdp') = (4, 4): weights and moments sharded over 'fsdp' only do not fit "
+        "(fixed: sharded over both axes)",
+        PAIR, devices=16, scripts=_jax("device_memory"),
+        targets=("v5e:4x4",), target_only=True,
+    ),
+    Example(
+        "replicated-adamw-state",
+        "FSDP llama train step whose AdamW moments are replicated on every device while the "
+        "weights are sharded (fixed: the moments sharded like their weights)",
+        PAIR, devices=4, scripts=_jax("replicated_adamw_state"),
+    ),
+    Example(
+        "fsdp-gathered-weights",
+        "FSDP + AdamW step of 6 bf16 MLP blocks on 2x8 H100s that keeps every layer's gathered "
+        "weights from the forward for the backward (fixed: jax.checkpoint with nothing_saveable "
+        "gathers them again)",
+        PAIR, devices=16, devices_per_host=8, scripts=_jax("fsdp_gathered_weights"),
+        targets=("h100:2x8",), target_only=True,
+    ),
     # --- third-party libraries (the `third-party` extra) ---
     Example(
         "hf-1d-params-torch-xla",

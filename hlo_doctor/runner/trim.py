@@ -3,9 +3,11 @@
 Kept: HLO text snapshots, ``module_*/module.mlir`` and the Shardy MLIR under
 ``shardy/``, compile options, topology, debug options, and any other file up to
 the size cap. Removed: LLVM IR (``*.ll``), object files, PTX and other
-kernels, other (kernel) MLIR, buffer assignments, live ranges, memory-usage
-reports, GPU thunk sequences and autotuning results, TPU's extra copies of the
-optimized module, and non-HLO files over the cap. A GPU compile's ``*.config.pbtxt`` and ``*.gpu_target_config.pbtxt`` stay.
+kernels, other (kernel) MLIR, the per-value listing of a buffer assignment
+(``-buffer-assignment-values``), GPU thunk sequences and autotuning results,
+TPU's extra copies of the optimized module, and non-HLO files over the cap.
+XLA's buffer assignment, live ranges and memory-usage report of the optimized
+module stay (up to the cap): ``hlo-doctor memory`` reads its peak from them. A GPU compile's ``*.config.pbtxt`` and ``*.gpu_target_config.pbtxt`` stay.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from hlo_doctor.dump.names import parse_compile_dir_name
 DEFAULT_SIZE_CAP = 1 << 20
 _DROP_SUFFIXES = (".ll", ".o", ".bc", ".ptx", ".cubin", ".fatbin")
 _SIDECAR = "hlo_doctor_run.json"
-# Not HLO snapshots, and never read: "...after_optimizations-buffer-assignment.txt" etc.
-_DROP_NAME_PARTS = ("-buffer-assignment", "-live-range", "-memory-usage-report",
+# Not HLO snapshots, and never read: "...after_optimizations-buffer-assignment-values.txt" etc.
+_DROP_NAME_PARTS = ("-buffer-assignment-values",
                     ".thunk_sequence", ".thunk_metadata", ".autotune_results")
 # TPU writes the optimized module three more times (before and after buffer assignment,
 # after codegen); after_optimizations.txt is the one read.
-_DROP_NAME_ENDINGS = (".after_optimizations_after_buffer_assignment.txt",
+_DROP_NAME_ENDINGS = (".after_optimizations_after_buffer_assignment.txt", ".oom_intermediate_module.txt",
                       ".after_optimizations_before_buffer_assignment.txt", ".after_codegen.txt")
 
 

@@ -52,6 +52,7 @@ class HardwareProfile:
     platform: str = "gpu"
     inter_slice_bandwidth: float | None = None
     memory_bandwidth: float | None = None  # HBM bytes/s per device
+    hbm_bytes: int | None = None  # HBM capacity per device (what `hlo-doctor memory` holds the peak against)
 
     def peak_for(self, element_type: str) -> float:
         """Dense peak FLOP/s for dots of ``element_type`` (bf16's when the profile has no figure)."""
@@ -77,6 +78,7 @@ class HardwareProfile:
                 inter_slice_bandwidth=(float(data["inter_slice_bandwidth"])
                                        if data.get("inter_slice_bandwidth") is not None else None),
                 memory_bandwidth=float(data["memory_bandwidth"]) if data.get("memory_bandwidth") else None,
+                hbm_bytes=int(data["hbm_bytes"]) if data.get("hbm_bytes") else None,
             )
         except (TypeError, ValueError) as error:
             raise InputError(f"bad hardware profile: {error}", path=where) from None

@@ -31,6 +31,7 @@ import functools
 import inspect
 import json
 import os
+import sys
 
 TARGET_VAR = "HLO_DOCTOR_TARGET"
 PLATFORM = "cuda"
@@ -228,7 +229,18 @@ class DevicelessJit:
         key = _signature_key(new_args, new_kwargs)
         compiled = self._cache.get(key) if key is not None else None
         if compiled is None:
-            compiled = self._jitted.lower(*new_args, **new_kwargs).compile()
+            try:
+                compiled = self._jitted.lower(*new_args, **new_kwargs).compile()
+            except Exception as error:  # noqa: BLE001 - only "does not fit" is kept going
+                if "RESOURCE_EXHAUSTED" not in str(error):
+                    raise
+                # The step does not fit the target's memory: XLA has dumped the optimized module
+                # and its buffer assignment already (what `hlo-doctor memory` reads), so the
+                # script goes on with placeholders of the outputs' shapes.
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                print(f"hlo-doctor: {getattr(self._fun, '__name__', 'the step')} does not fit the target's "
+                      f"memory, its dump is kept (hlo-doctor memory DUMP): {first}", file=sys.stderr)
+                return jax.eval_shape(self._jitted, *new_args, **new_kwargs)
             if key is not None:
                 self._cache[key] = compiled
             self._on_compile(self._fun, compiled)
