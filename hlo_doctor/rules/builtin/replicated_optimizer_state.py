@@ -32,7 +32,9 @@ class ReplicatedOptimizerState(Rule):
     state than of the weight it updates; the finding gives the bytes per
     device sharding the state like its weights would free. Also found: a
     data-parallel step whose weights and state are all replicated while its
-    batch is split: the state could be sharded over the data axis (ZeRO-1),
+    batch is split, as information (plain data parallelism is a choice, not a
+    mistake; sharding the state costs an all-gather of the updated weights
+    every step): the state could be sharded over the data axis (ZeRO-1),
     since each device updates its weights from the same reduced gradients.
 
     **Why it hurts**
@@ -158,6 +160,9 @@ class ReplicatedOptimizerState(Rule):
                     for lay, instruction in others if instruction is not None]
         return self.finding(
             ctx, message, instruction=parameter_instruction(ctx, largest.number),
+            # plain data parallelism is a layout of its own, not a mistake: sharding its state is a
+            # saving to weigh (ZeRO-1 adds a gather of the updated weights), told as information
+            severity=Severity.INFO if kind == "data-parallel" else None,
             related=tuple(entry["instruction"] for entry in same_fix),
             suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code),
             evidence={"optimizer_state_bytes_per_device": held, "bytes_freed_per_device": freed,
