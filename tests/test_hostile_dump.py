@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,206 @@ def test_inventories_print_dump_names_plain(dump, command):
     out = run(*command, str(dump))
     assert not CONTROLS.findall(out.replace("\n", "")) and "pwned" not in out
     assert "`x`<img" in out or "collectives" in out
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 30: what got through. Each test copies a real fixture to a temporary folder and mutates it
+# there (the numbers are the issue's items).
+
+PROGRAM_RECORDED = "/work/main/hlo_doctor/examples/programs/fsdp_activation_gather.py"
+FINDING_LINE = 49  # the seed's finding is at this line of its program
+SECRET = "SECRET-hunter2"
+
+
+def seed_copy(target: Path, seed: Path = SEED) -> Path:
+    shutil.copytree(seed, target)
+    return target
+
+
+def recorded_program(dump: Path, path: str) -> None:
+    """Point every ``FileNames`` entry of the dump's snapshots at ``path``."""
+    for snapshot in dump.glob("*.txt"):
+        snapshot.write_text(snapshot.read_text().replace(PROGRAM_RECORDED, path))
+
+
+def secret_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{SECRET} line {n}\n" for n in range(1, 80)))
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def one_error_line(result, exit_code: int = 2) -> str:
+    assert result.exit_code == exit_code, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty project folder, the current directory."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def test_1_the_run_record_does_not_unlock_quoting_of_other_files(tmp_path, project):
+    dump = seed_copy(tmp_path / "dump")
+    secret = secret_file(tmp_path / "etc" / "passwd")
+    recorded_program(dump, str(secret))
+    record = json.loads((dump / "hlo_doctor_run.json").read_text())
+    record["script"] = {"path": str(tmp_path / "etc" / "x"), "sha256": None}
+    (dump / "hlo_doctor_run.json").write_text(json.dumps(record))
+    text = invoke("analyze", str(dump))
+    html_result = invoke("analyze", str(dump), "--format", "html", "-o", str(project / "r.html"))
+    assert text.exit_code == html_result.exit_code == 0, text.output
+    assert "non-batch-dim-sharding" in text.stdout  # the finding, at the secret file's line, is reported
+    assert SECRET not in text.stdout and SECRET not in (project / "r.html").read_text()
+    # the same dump with the limit lifted on purpose does quote it: the check above can fail
+    assert SECRET in invoke("analyze", str(dump), "--show-source-anywhere").stdout
+
+
+def test_2_fix_neither_reads_nor_writes_a_file_outside_the_project(tmp_path, project):
+    dump = seed_copy(tmp_path / "dump")
+    (dump / "hlo_doctor_run.json").unlink()
+    outside = tmp_path / "elsewhere" / "fsdp_activation_gather.py"
+    outside.parent.mkdir()
+    shutil.copyfile(ROOT / "hlo_doctor" / "examples" / "programs" / "fsdp_activation_gather.py", outside)
+    recorded_program(dump, str(outside))
+    before = outside.read_text()
+    result = invoke("fix", str(dump), "--write")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "outside the project root" in result.stderr and "0 edits" in result.stderr
+    assert result.stdout == ""  # no diff: not one of its lines is printed
+    assert outside.read_text() == before
+    # a file the user maps there on purpose is read, but --write still edits only the project's files
+    mapped = invoke("fix", str(dump), "--write", "--path-map", f"{outside}={outside}")
+    assert "outside the project root" in one_error_line(mapped) and outside.read_text() == before
+    # inside the project, the same program is fixed
+    inside = project / "fsdp_activation_gather.py"
+    shutil.copyfile(outside, inside)
+    for snapshot in dump.glob("*.txt"):
+        snapshot.write_text(snapshot.read_text().replace(str(outside), str(inside)))
+    assert invoke("fix", str(dump), "--write").exit_code == 0
+    assert inside.read_text() != before
+
+
+def test_3_a_symlinked_folder_does_not_hide_an_installed_library(tmp_path, project):
+    library = tmp_path / "lib" / "python3.11" / "site-packages" / "thirdparty"
+    library.mkdir(parents=True)
+    target = library / "fsdp_activation_gather.py"
+    shutil.copyfile(ROOT / "hlo_doctor" / "examples" / "programs" / "fsdp_activation_gather.py", target)
+    (project / "vendor").symlink_to(library, target_is_directory=True)
+    dump = seed_copy(tmp_path / "dump")
+    recorded_program(dump, str(project / "vendor" / "fsdp_activation_gather.py"))
+    before = target.read_text()
+    result = invoke("fix", str(dump), "--write")
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "installed library's file" in result.stderr
+    assert target.read_text() == before
+
+
+@pytest.mark.parametrize("output_format", ["text", "sarif", "github"])
+def test_9_a_file_name_longer_than_the_system_allows_is_only_a_name(tmp_path, output_format):
+    dump = seed_copy(tmp_path / "dump")
+    recorded_program(dump, f"/tmp/{'a' * 300}/train.py")
+    result = invoke("analyze", str(dump), "--format", output_format)
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert "non-batch-dim-sharding" in result.stdout  # the finding is not lost to a crash
+    assert "internal-error" not in result.stdout and "Errno" not in result.output
+
+
+def test_12_a_baseline_entry_of_the_wrong_type_is_bad_input(tmp_path):
+    dump = seed_copy(tmp_path / "dump")
+    baseline = tmp_path / "baseline.json"
+    assert invoke("check", str(dump), "--write-baseline", str(baseline)).exit_code == 0
+    document = json.loads(baseline.read_text())
+    assert document["findings"][0]["op"]  # a real entry, with an op signature
+    document["findings"][0]["op"] = ["not", "a", "string"]
+    baseline.write_text(json.dumps(document))
+    line = one_error_line(invoke("check", str(dump), "--baseline", str(baseline)))
+    assert "malformed baseline entry 0" in line and '"op" must be a string or null, not list' in line
+
+
+def test_13_a_pyproject_toml_that_is_not_utf8(tmp_path, project):
+    dump = seed_copy(tmp_path / "dump")
+    (project / "pyproject.toml").write_bytes(b"[project]\nname = \"caf\xe9\"\n")  # another tool's, Latin-1
+    result = invoke("analyze", str(dump))
+    assert result.exit_code == 0 and "non-batch-dim-sharding" in result.stdout, result.output
+    ls = invoke("ls", str(dump))
+    assert ls.exit_code == 0, ls.output
+    (project / "pyproject.toml").write_bytes(b"[tool.hlo-doctor]\nignore = [\"caf\xe9\"]\n")  # ours: one line
+    line = one_error_line(invoke("analyze", str(dump)))
+    assert line.endswith("pyproject.toml:2:15: not UTF-8 (byte 0xe9); TOML files are UTF-8")
+
+
+@pytest.mark.parametrize(("field", "value"), [("inter_host_bandwidth", 0), ("intra_host_bandwidth", -1e9),
+                                              ("peak_bf16_flops", "nan"), ("devices_per_host", 0)])
+def test_17_a_hardware_file_out_of_range_is_bad_input(tmp_path, field, value):
+    dump = seed_copy(tmp_path / "dump")
+    from hlo_doctor.semantics.hardware import bundled_profiles
+
+    profile = json.loads(json.dumps(dataclass_dict(bundled_profiles()["h100"])))
+    profile[field] = float(value) if value == "nan" else value
+    hardware = tmp_path / "hw.json"
+    hardware.write_text(json.dumps(profile))
+    line = one_error_line(invoke("analyze", str(dump), "--hardware", str(hardware)))
+    assert f"{field} must be" in line and ("> 0" in line or "from 1 to" in line)
+
+
+def dataclass_dict(profile) -> dict:
+    import dataclasses
+
+    data = dataclasses.asdict(profile)
+    data["peak_flops"] = dict(data["peak_flops"])
+    return data
+
+
+def test_18_output_onto_a_fifo_writes_into_it(tmp_path):
+    import os
+    import stat
+    import threading
+
+    dump = seed_copy(tmp_path / "dump")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = invoke("analyze", str(dump), "--format", "json", "-o", str(fifo))
+    reader.join(10)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the FIFO, not a regular file in its place
+    assert json.loads(received[0])["findings"][0]["rule"] == "non-batch-dim-sharding"
+
+
+def test_18_output_onto_a_socket_is_refused(tmp_path):
+    import socket
+
+    dump = seed_copy(tmp_path / "dump")
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        line = one_error_line(invoke("analyze", str(dump), "-o", str(path)))
+    assert "not a regular file, device or pipe" in line
+
+
+def test_19_sarif_uris_are_percent_encoded(tmp_path):
+    from urllib.parse import unquote, urlsplit
+
+    dump = seed_copy(tmp_path / "dump")
+    name = "/src/my file#1%20\u202e.py"
+    recorded_program(dump, name)
+    result = invoke("analyze", str(dump), "--format", "sarif")
+    assert result.exit_code == 0, result.output
+    uris = [location["physicalLocation"]["artifactLocation"]["uri"]
+            for run_ in json.loads(result.stdout)["runs"] for r in run_["results"] for location in r["locations"]]
+    assert uris and all(uri.isascii() and " " not in uri for uri in uris)
+    source = [urlsplit(uri) for uri in uris if "my" in uri]
+    assert source and all(u.scheme == "file" and not u.fragment and unquote(u.path) == name for u in source)

@@ -80,7 +80,7 @@ def _analysis_decorators() -> dict[str, Callable[..., Any]]:
         "show_source_anywhere": click.option(
             "--show-source-anywhere", is_flag=True,
             help="Quote source lines from any file the dump names, not only from files below the "
-                 "project root or the runner's program folder."),
+                 "project root or the dump's folder."),
         "jobs": click.option(
             "--jobs", "-j", type=click.IntRange(min=1), default=None,
             help="Processes that may work at once: several modules are analysed in up to N worker "

@@ -64,7 +64,7 @@ def module_inventory(ctx: RuleContext | None) -> list[dict[str, Any]] | None:
 
 def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
     """The whole report as one HTML document."""
-    sources = sources or SourcePolicy.default(report.program)
+    sources = sources or SourcePolicy.default(dump=report.dump)
     frameworks = {module.key: module.framework for module in report.modules}
     contexts, note = _contexts(report)
     inventories = {key: _inventory_or_none(ctx) for key, ctx in contexts.items()}

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from hlo_doctor._version import __version__
 from hlo_doctor.findings import Finding, Severity
@@ -132,9 +133,13 @@ def _message(finding: Finding) -> str:
 
 
 def _uri(path: str, base: Path) -> str:
+    """The file's URI reference, percent-encoded (RFC 3986): a ``#``, ``%``, space, control or
+    bidirectional character in a file name stays part of the path."""
     relative = relative_path(path, base)
     candidate = Path(relative)
-    return candidate.as_uri() if candidate.is_absolute() else relative
+    if candidate.is_absolute():
+        return "file://" + quote(candidate.as_posix(), safe="/")
+    return quote(relative, safe="/")
 
 
 def _location(path: str, line: int | None, base: Path) -> dict[str, Any]:
