@@ -19,7 +19,7 @@ from urllib.parse import quote
 from hlo_doctor._version import __version__
 from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.paths import relative_path
-from hlo_doctor.report.safe import plain
+from hlo_doctor.report.safe import plain, shorten_words
 from hlo_doctor.rules.base import Rule
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -57,7 +57,7 @@ def sarif_log(
             "locations": [_primary_location(finding, base)],
             "properties": {
                 "module": plain(finding.module),
-                "evidence": _jsonable(finding.evidence),
+                "evidence": _cut(_jsonable(finding.evidence)),
             },
         }
         if finding.rule in index:
@@ -70,11 +70,11 @@ def sarif_log(
         if baseline_states is not None:
             result["baselineState"] = baseline_states[position]
         if finding.suggestion is not None:
-            result["properties"]["suggestion"] = {
+            result["properties"]["suggestion"] = _cut({
                 "summary": finding.suggestion.summary,
                 "jax": finding.suggestion.jax,
                 "torch_xla": finding.suggestion.torch_xla,
-            }
+            })
         results.append(result)
     return {
         "$schema": SARIF_SCHEMA,
@@ -173,6 +173,17 @@ def _primary_location(finding: Finding, base: Path) -> dict[str, Any]:
             }
         ]
     return location
+
+
+def _cut(value: Any) -> Any:
+    """``value`` with the long words of its strings shortened (only the JSON report keeps whole names)."""
+    if isinstance(value, str):
+        return shorten_words(value)
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    return value
 
 
 def _jsonable(value: Any) -> Any:
