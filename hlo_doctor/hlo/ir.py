@@ -401,7 +401,12 @@ class Instruction:
     @property
     def channel_id(self) -> int | None:
         text = self.attribute("channel_id")
-        return int(text) if text is not None else None
+        if text is None:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise self.located(ParseError(f"expected an integer, found {text[:40]!r}"), "channel_id", text) from None
 
     @property
     def backend_config(self) -> str | None:
