@@ -31,7 +31,7 @@ from hlo_doctor.rules import (
     select_rules,
 )
 from hlo_doctor.rules.base import Rule
-from hlo_doctor.rules.engine import BAD_INPUT, BAD_INPUT_ERRORS, bad_input_of
+from hlo_doctor.rules.engine import BAD_INPUT, BAD_INPUT_ERRORS, bad_input_of, located
 from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
 from hlo_doctor.semantics.hardware import HardwareProfile, load_profile
@@ -213,7 +213,7 @@ def _analyze_module(
         collectives = _collective_summary(ctx)
     except BAD_INPUT_ERRORS as error:
         collectives = {}
-        message = one_line(str(error), 400)
+        message = one_line(str(located(error, module)), 400)
         if message not in {e.message for e in errors}:
             errors.append(ReportError(_error_path(message, module), message, module.key))
     except Exception as error:  # noqa: BLE001 - the summary must not end the run

@@ -653,3 +653,17 @@ def test_16_malformed_values_are_the_inputs_error_not_the_tools(tmp_path, mutati
         assert any("'meshes'[0]: 'shape' must be a list or null, not a string; ignored" in m for m in messages)
     else:
         assert len(messages) == 1 and messages[0].startswith(f"{snapshot}:29:")
+
+
+def test_15_an_attribute_read_apart_from_its_line_is_still_located(tmp_path):
+    dump = seed_copy(tmp_path / "dump")
+    snapshot = next(dump.glob("*before_spmd-partitioning.txt"))
+    text = snapshot.read_text()
+    at = text.index("lhs_contracting_dims={1}")
+    line = text[:at].count("\n") + 1
+    snapshot.write_text(text.replace("lhs_contracting_dims={1}", "lhs_contracting_dims={1,x}", 1))
+    result = invoke("analyze", str(dump), "--format", "json")
+    assert result.exit_code == 0, result.output
+    messages = [e["message"] for e in json.loads(result.stdout)["errors"]]
+    assert len(messages) == 1 and messages[0].startswith(f"{snapshot}:{line}:"), messages
+    assert "<string>" not in result.stdout

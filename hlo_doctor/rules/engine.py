@@ -6,6 +6,7 @@ import dataclasses
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from hlo_doctor.dump import DumpModule
 from hlo_doctor.errors import ShardingError, one_line
 from hlo_doctor.findings import Skip
 from hlo_doctor.fingerprint import with_fingerprint
@@ -54,7 +55,7 @@ def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
     except RuleSkipped as skipped:
         return [], Skip(rule.id, ctx.module.key, skipped.reason)
     except BAD_INPUT_ERRORS as error:  # the module's text, not the rule: reported once, as the input's error
-        return [], Skip(rule.id, ctx.module.key, BAD_INPUT + one_line(str(error), 400))
+        return [], Skip(rule.id, ctx.module.key, BAD_INPUT + one_line(str(located(error, ctx.module)), 400))
     except Exception as error:  # noqa: BLE001 - one rule's bug must not end the run
         return [crash_finding(rule, ctx, error)], None
 
@@ -76,6 +77,22 @@ def collective_names(ctx: RuleContext) -> Callable[[], frozenset[str]]:
             return frozenset()
 
     return names
+
+
+def located(error: Exception, module: DumpModule) -> Exception:
+    """A ParseError of an attribute value read on its own (``<string>:1:col``) moved to where that
+    value is in one of ``module``'s files, when it is found there; any other error as it is."""
+    if not isinstance(error, ParseError) or error.path is not None or error.line != 1 or not error.source_line:
+        return error
+    for snapshot in module.snapshots:
+        try:
+            text = snapshot.path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        at = text.find(error.source_line)
+        if at != -1:
+            return ParseError.at(text, at + error.col - 1, error.message, path=str(snapshot.path))
+    return error
 
 
 def bad_input_of(skips: Iterable[Skip]) -> list[str]:
