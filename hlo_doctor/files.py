@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hlo_doctor.errors import InputError
 
-__all__ = ["exists", "is_file", "real_path", "write_atomically"]
+__all__ = ["exists", "is_file", "is_small_file", "real_path", "write_atomically"]
 
 
 def is_file(path: str | os.PathLike[str]) -> bool:
@@ -20,6 +20,16 @@ def is_file(path: str | os.PathLike[str]) -> bool:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
+
+
+def is_small_file(path: str | os.PathLike[str], limit: int = 8_000_000) -> bool:
+    """Whether ``path`` is a regular file of at most ``limit`` bytes: one a dump names may be read
+    whole (``linecache`` does) without reading forever (``/dev/zero``, a FIFO) or a huge log."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size <= limit
 
 
 def exists(path: str | os.PathLike[str]) -> bool:

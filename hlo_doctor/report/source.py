@@ -17,7 +17,7 @@ import linecache
 from dataclasses import dataclass
 from pathlib import Path
 
-from hlo_doctor.files import is_file, real_path
+from hlo_doctor.files import is_file, is_small_file, real_path
 from hlo_doctor.report.paths import local_path
 from hlo_doctor.report.safe import plain
 
@@ -66,10 +66,11 @@ def project_roots(cwd: Path | None = None) -> tuple[Path, ...]:
 def source_lines(recorded: str, line: int, policy: SourcePolicy, context: int = 2) -> list[tuple[int, str]] | None:
     """Lines ``line - context`` .. ``line + context`` of the file ``recorded`` names, made plain.
 
-    None when the file is not here, not allowed by ``policy``, or shorter than ``line``.
+    None when the file is not here, not allowed by ``policy``, not a regular file of at most 8 MB
+    (``linecache`` reads it whole), or shorter than ``line``.
     """
     found = local_path(recorded)
-    if found is None or not is_file(found) or not policy.allows(found):
+    if found is None or not is_small_file(found) or not policy.allows(found):
         return None
     path = str(found)
     lines = []
