@@ -32,13 +32,16 @@ from hlo_doctor.rules import (
 )
 from hlo_doctor.rules.base import Rule
 from hlo_doctor.rules.drawings import module_inventory, with_pictures
+from hlo_doctor.rules.engine import BAD_INPUT, BAD_INPUT_ERRORS, bad_input_of, located
 from hlo_doctor.rules.parallel import default_jobs, run_module_rules
 from hlo_doctor.rules.registry import Registry
 from hlo_doctor.semantics.hardware import HardwareProfile, load_profile
 
-__all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump"]  # the records live in hlo_doctor.findings
+__all__ = ["ModuleSummary", "Report", "ReportError", "analyze_dump", "input_errors"]  # the records live in hlo_doctor.findings
 
 Progress = Callable[[int, int, str], None]
+PLUGIN_NOT_LOADED = "rule plugin not loaded"
+BAD_INPUT_SKIP = "the module's HLO is malformed where this rule reads it (see its error)"
 
 
 def _ignored_op(op_name: str | None, patterns: tuple[str, ...]) -> bool:
@@ -115,7 +118,7 @@ def _analyze(
     findings: list[Finding] = []
     skipped: list[Skip] = []
     errors: list[ReportError] = [
-        ReportError(e.entry_point, f"rule plugin not loaded ({e.origin}): {e.message}") for e in registry.errors
+        ReportError(e.entry_point, f"{PLUGIN_NOT_LOADED} ({e.origin}): {e.message}") for e in registry.errors
     ]
     # A dump loaded here is ours: each module's parsed snapshots are dropped once it is done,
     # so the memory a dump needs is that of its biggest module, not the sum.
@@ -210,13 +213,22 @@ def _analyze_module(
 ) -> _ModuleOutcome:
     ctx = RuleContext(dump, module, options)
     module_findings, module_skips = run_module_rules(ctx, rules, jobs=jobs)
+    # Malformed input that stopped rules is the module's error, once (with its file:line:col).
+    errors: list[ReportError] = [ReportError(_error_path(message, module), message, module.key)
+                                 for message in bad_input_of(module_skips)]
+    module_skips = [Skip(s.rule, s.module, BAD_INPUT_SKIP) if s.reason.startswith(BAD_INPUT) else s
+                    for s in module_skips]
     # What the reports draw (the HTML pictures and inventory), made while the module is loaded:
     # a report renders from the Report alone and never reads the dump again.
     if drawings:
         module_findings = with_pictures(ctx, module_findings)
-    errors: list[ReportError] = []
     try:
         collectives = _collective_summary(ctx)
+    except BAD_INPUT_ERRORS as error:
+        collectives = {}
+        message = one_line(str(located(error, module)), 400)
+        if message not in {e.message for e in errors}:
+            errors.append(ReportError(_error_path(message, module), message, module.key))
     except Exception as error:  # noqa: BLE001 - the summary must not end the run
         collectives = {}
         errors.append(ReportError(str(dump.path), f"collective summary failed: {type(error).__name__}: "
@@ -252,6 +264,21 @@ def _analyze_module(
         tuple(s.parsed_once for s in module.snapshots), tuple(s.error for s in module.snapshots),
         module.errors_found,
     )
+
+
+def input_errors(report: Report) -> list[ReportError]:
+    """The report's errors about the dump itself (a file that could not be read or parsed, a
+    malformed attribute, a file skipped because it leads out of the dump), not about rule plugins:
+    what ``check`` fails on (exit 2), since those modules were not (fully) analyzed."""
+    return [error for error in report.errors if not error.message.startswith(PLUGIN_NOT_LOADED)]
+
+
+def _error_path(message: str, module: DumpModule) -> str:
+    """The file an error message starts with (``path:line:col: ...``), else the module's first snapshot."""
+    for snapshot in module.snapshots:
+        if message.startswith(f"{snapshot.path}:"):
+            return str(snapshot.path)
+    return str(module.snapshots[0].path) if module.snapshots else module.key
 
 
 def _adopt(module: DumpModule, outcome: _ModuleOutcome) -> None:

@@ -94,7 +94,7 @@ def find_config_file(start: Path | None = None) -> Path | None:
         if own.is_file():
             return own
         pyproject = candidate / "pyproject.toml"
-        if pyproject.is_file() and "hlo-doctor" in _read_toml(pyproject).get("tool", {}):
+        if _may_configure_us(pyproject) and "hlo-doctor" in _read_toml(pyproject).get("tool", {}):
             return pyproject
     return None
 
@@ -224,11 +224,30 @@ def _string_list(value: Any, key: str, origin: str) -> list[str]:
     return value
 
 
+def _may_configure_us(pyproject: Path) -> bool:
+    """Whether ``pyproject`` is a file that names hlo-doctor at all: another tool's
+    ``pyproject.toml`` (even one that is not UTF-8 or not TOML) is not read further."""
+    try:
+        with pyproject.open("rb") as handle:
+            return b"hlo-doctor" in handle.read()
+    except (OSError, ValueError):
+        return False
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            data = handle.read()
     except OSError as error:
         raise InputError(f"{path}: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        col = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise InputError(f"{path}:{line}:{col}: not UTF-8 (byte 0x{data[error.start]:02x}); "
+                         "TOML files are UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise InputError(f"{path}: {error}") from None

@@ -29,7 +29,7 @@ def fake_planner(code: Callable[[Finding], str | None], *, file: str | None = No
     ``before``: insert above the line instead (which moves the finding's own line down).
     """
 
-    def plan_fixes(findings, *, program=None, select=()):  # noqa: ANN001, ANN202
+    def plan_fixes(findings, *, program=None, select=(), readable=None):  # noqa: ANN001, ANN202
         plan = FakePlan()
         inserts: dict[str, list[tuple[int, str, Finding]]] = {}
         for finding in findings:
@@ -39,7 +39,11 @@ def fake_planner(code: Callable[[Finding], str | None], *, file: str | None = No
             if line is None or finding.source is None:
                 plan.refused.append(Refusal(finding, "the fake planner has no edit for it"))
                 continue
-            inserts.setdefault(file or finding.source.file, []).append((finding.source.line, line, finding))
+            path = file or finding.source.file
+            if readable is not None and not readable(path):
+                plan.refused.append(Refusal(finding, f"{path} is outside the project root and the dump: not read"))
+                continue
+            inserts.setdefault(path, []).append((finding.source.line, line, finding))
         for path, edits in inserts.items():
             original = Path(path).read_text()
             lines = original.splitlines(keepends=True)

@@ -355,9 +355,9 @@ def test_non_utf8_reports_line_and_column(tmp_path: Path) -> None:
 
 def test_single_file_and_run_record(jax_dumps: dict[str, Path], tmp_path: Path) -> None:
     shutil.copytree(jax_dumps["shardy"], tmp_path / "d")
-    (tmp_path / "d" / "hlo_doctor_run.json").write_text('{"frontend": "jax", "devices": 8}')
+    (tmp_path / "d" / "hlo_doctor_run.json").write_text('{"frontend": "jax", "device_count": 8}')
     dump = load_dump(tmp_path / "d")
-    assert dump.run_record == {"frontend": "jax", "devices": 8}
+    assert dump.run_record == {"frontend": "jax", "device_count": 8}
     single = next((tmp_path / "d").glob("module_*.jit_f.*after_spmd-partitioning*.txt"))
     one = load_dump(single)
     assert len(one) == 1 and one.modules[0].name == "jit_f"

@@ -34,7 +34,9 @@ def run(*args: str):
 
 @pytest.fixture
 def program_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the seed program, and a fake planner that inserts the constraint into it."""
+    """A copy of the seed program in a project of its own (the current folder: fix reads and
+    writes only the project's files), and a fake planner that inserts the constraint into it."""
+    monkeypatch.chdir(tmp_path)
     copy = tmp_path / "fsdp_activation_gather.py"
     shutil.copyfile(PROGRAM, copy)
     monkeypatch.setattr(fixlib, "plan_fixes", fake_planner(lambda f: CONSTRAINT, file=str(copy)))
@@ -158,7 +160,7 @@ def test_fix_json_document(program_copy: Path) -> None:
 def test_select_passes_the_rules_to_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def planner(findings, *, program=None, select=()):  # noqa: ANN001, ANN202
+    def planner(findings, *, program=None, select=(), readable=None):  # noqa: ANN001, ANN202
         seen.update(program=program, select=select, rules=[f.rule for f in findings])
         return fixlib.FixPlan()
 

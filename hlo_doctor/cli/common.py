@@ -16,7 +16,7 @@ from hlo_doctor.config import Config, load_config
 from hlo_doctor.errors import InputError
 from hlo_doctor.files import write_atomically
 from hlo_doctor.hlo import ParseError
-from hlo_doctor.report.safe import plain
+from hlo_doctor.report.safe import plain, rich_text
 from hlo_doctor.rules import discover, select_rules
 from hlo_doctor.semantics.hardware import profile_names
 
@@ -80,7 +80,7 @@ def _analysis_decorators() -> dict[str, Callable[..., Any]]:
         "show_source_anywhere": click.option(
             "--show-source-anywhere", is_flag=True,
             help="Quote source lines from any file the dump names, not only from files below the "
-                 "project root or the runner's program folder."),
+                 "project root or the dump's folder."),
         "jobs": click.option(
             "--jobs", "-j", type=click.IntRange(min=1), default=None,
             help="Processes that may work at once: several modules are analysed in up to N worker "
@@ -237,7 +237,8 @@ class Progress:
     def _show(self) -> None:
         done, total, module = self._state
         self._bar.update(self._task, completed=done, total=total,
-                         description=f"reading and analyzing {plain(module)}" if module else "reading the dump")
+                         # rich reads markup in a description: a module named ``[link=...]`` must stay text
+                         description=f"reading and analyzing {rich_text(module)}" if module else "reading the dump")
 
     @property
     def shown(self) -> bool:

@@ -26,8 +26,8 @@ from hlo_doctor.cli.common import (
 )
 from hlo_doctor.cli.run import _split_command
 from hlo_doctor.errors import InputError
-from hlo_doctor.examples.registry import local_program_file
-from hlo_doctor.files import write_atomically
+from hlo_doctor.examples.registry import PROGRAMS, local_program_file
+from hlo_doctor.files import is_file, real_path, write_atomically
 from hlo_doctor.fix.output import (
     dumps,
     plan_text,
@@ -37,17 +37,19 @@ from hlo_doctor.fix.output import (
     verification_to_dict,
 )
 from hlo_doctor.fix.verify import verify_fix
+from hlo_doctor.report.source import SourcePolicy, project_roots
 from hlo_doctor.runner.detect import FrameworkError
 from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
 from hlo_doctor.runner.run import RunError
 from hlo_doctor.runner.targets import TargetError, parse_target
 
 
-def _plan(findings, program, select, path_map=None):  # noqa: ANN001, ANN202
+def _plan(findings, program, select, path_map=None, readable=None):  # noqa: ANN001, ANN202
     try:
         if path_map:
-            return fixlib.plan_fixes(findings, program=program, select=select, path_map=path_map)
-        return fixlib.plan_fixes(findings, program=program, select=select)
+            return fixlib.plan_fixes(findings, program=program, select=select, path_map=path_map,
+                                     readable=readable)
+        return fixlib.plan_fixes(findings, program=program, select=select, readable=readable)
     except NotImplementedError:
         raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None
 
@@ -64,7 +66,7 @@ def _path_map(pairs: tuple[str, ...], findings, program: str | None) -> dict[str
     recorded_files = {program} | {f.source.file for f in findings if f.source is not None} | {
         e.file for f in findings if f.suggestion is not None for e in f.suggestion.edits if e.file}
     for path in sorted(p for p in recorded_files if p):
-        if path in mapping or Path(path).is_file():
+        if path in mapping or is_file(path):
             continue
         local_copy = local_program_file(path)
         if local_copy is not None:
@@ -149,13 +151,33 @@ def fix_command(write, select, output_format, verify, command, **options):
     _fix_verify(command, analysis, chosen, write, output_format, options)
 
 
+def _confinement(dump: str, path_map: dict[str, str], user_maps: tuple[str, ...]) -> SourcePolicy:
+    """The files ``fix`` may read: those the reports may quote (the project root and the dump's
+    folder), the targets of the user's ``--path-map`` and this package's own gallery programs
+    (what :func:`_path_map` maps a recorded gallery program to); all by real path."""
+    reports = SourcePolicy.default(dump=dump)
+    named = [real_path(path_map[pair.partition("=")[0]]) for pair in user_maps]
+    return SourcePolicy((*reports.roots, *named, real_path(PROGRAMS)))
+
+
+def _refuse_outside_project(changed: list[str]) -> None:
+    """``--write`` edits only files below the project root (real paths): nothing is written otherwise."""
+    roots = project_roots()
+    outside = [path for path in changed if not any(real_path(path).is_relative_to(root) for root in roots)]
+    if outside:
+        raise InputError(f"{outside[0]}: outside the project root ({roots[-1]}); --write edits only the "
+                         "project's files (nothing was written)")
+
+
 def _fix_dump(dump, analysis, select, write, output_format, path_pairs) -> None:  # noqa: ANN001
     report = run_analysis(dump, analysis["config"], analysis["verbose"], analysis["registry"], analysis["jobs"])
     path_map = _path_map(path_pairs, report.findings, report.program)
-    plan = _plan(report.findings, report.program, select, path_map)
+    policy = _confinement(dump, path_map, path_pairs)
+    plan = _plan(report.findings, report.program, select, path_map, lambda path: policy.allows(Path(path)))
     changed = plan.changed  # it also holds files it read and left as they were
     written: tuple[str, ...] = ()
     if write:
+        _refuse_outside_project(changed)
         for path in changed:
             write_atomically(Path(path), plan.patched[path])
         written = tuple(changed)

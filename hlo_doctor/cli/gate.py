@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from hlo_doctor.analysis import input_errors
 from hlo_doctor.cli.common import (
     analysis_options,
     effective_config,
@@ -85,6 +86,18 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
         report = dataclasses.replace(report, findings=result.new, baselined=result.baselined)
         fixed = result.fixed
     write_report(report, out)
+    unread = input_errors(report)
+    if unread:
+        # A module that could not be read was not checked: the gate fails whatever the format
+        # (the text report lists the errors itself; the others get them here, one line each).
+        if out.output_format != "text" or out.output is not None:
+            for error in unread:
+                where = "" if error.message.startswith(f"{error.path}:") else f"{error.path}: "
+                click.echo(f"error: {plain(where + error.message)}", err=True)
+        count = len(unread)
+        click.echo(f"error: {count} error{'s' if count != 1 else ''} in the dump: the modules involved were "
+                   "not fully checked", err=True)
+        raise SystemExit(2)
     threshold = Severity(config.fail_on.value).rank
     failing = [f for f in report.findings if f.severity.rank <= threshold]
     memory_failures = memory_limit_failures(max_memory, module_peaks(dump, config.hardware.value)) \

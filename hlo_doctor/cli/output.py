@@ -94,7 +94,7 @@ def write_report(report: Report, out: OutputOptions) -> None:
     if out.statistics:
         emit(render_statistics(report), out.output)
         return
-    sources = SourcePolicy.default(report.program, anywhere=out.show_source_anywhere)
+    sources = SourcePolicy.default(dump=report.dump, anywhere=out.show_source_anywhere)
     text = render(report, out.output_format, color=None if out.output is None else False, quiet=out.quiet,
                   sources=sources)
     emit(text, out.output)

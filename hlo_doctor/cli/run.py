@@ -11,6 +11,7 @@ import click
 
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.examples import EXAMPLES, get_example
+from hlo_doctor.report.source import SourcePolicy
 from hlo_doctor.report.text import render_text
 from hlo_doctor.runner.detect import FrameworkError, detect_framework
 from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
@@ -64,7 +65,9 @@ def _summarize(result: RunResult) -> None:
 
 def _analyze(dump_dir: Path) -> None:
     report = analyze_dump(dump_dir, drawings=False)  # a text report
-    click.echo(render_text(report, color=False, width=100).rstrip("\n"))
+    # The runner wrote this dump's record in this invocation: its program may be quoted.
+    sources = SourcePolicy.default(report.program, dump=report.dump)
+    click.echo(render_text(report, color=False, width=100, sources=sources).rstrip("\n"))
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     pass
 from hlo_doctor.dump import files as dump_files  # read through the module, so a test can stand in for it
 from hlo_doctor.dump.module import Dump, DumpModule
+from hlo_doctor.dump.run_record import checked_run_record
 from hlo_doctor.dump.snapshot import (
     HEADER_BYTES,
     PARTITIONING_PASSES,
@@ -105,9 +106,11 @@ def _load_file(path: Path, size: int) -> Dump:
     except OSError as error:
         raise InputError(dump_files._strerror(error), path=str(path)) from None
     name = parse_file_name(path.name)
+    errors: list[DumpError] = []
     if name is not None and name.kind is not FileKind.DEBUG_OPTIONS:
         snapshot = _snapshot(path, name, size)
         parent = path.parent
+        root = parent.resolve()
         folder = parent / f"module_{name.module_id:04d}.{name.module_name}"
         debug = parent / f"module_{name.module_id:04d}.{name.module_name}.debug_options"
         config = parent / f"module_{name.module_id:04d}.{name.module_name}.config.pbtxt"
@@ -115,17 +118,18 @@ def _load_file(path: Path, size: int) -> Dump:
             name.module_id,
             name.module_name,
             [snapshot],
-            folder=folder if folder.is_dir() else None,
-            debug_options_path=debug if debug.is_file() else None,
-            shardy_dumps=_shardy_dumps(parent / "shardy" / folder.name),
+            folder=folder if folder.is_dir() and _leads_inside(folder, root) else None,
+            debug_options_path=debug if debug.is_file() and _leads_inside(debug, root) else None,
+            shardy_dumps=_shardy_dumps(parent / "shardy" / folder.name, root, errors),
             config_path=config if config.is_file() else None,
+            root=root,
         )
     else:
         stem = path.name
         for suffix in (".txt", ".hlo", ".hlotxt"):
             stem = stem.removesuffix(suffix)
         module = DumpModule(None, stem or path.name, [Snapshot(path, role=Role.OTHER, size=size)])
-    return Dump(path, (module,), _read_run_record(path.parent, []), ())
+    return Dump(path, (module,), _read_run_record(path.parent, errors), tuple(errors))
 
 
 def _load_folder(folder: Path) -> Dump:
@@ -207,9 +211,10 @@ def _load_folder(folder: Path) -> Dump:
                 grouped[key],
                 folder=module_dirs.get(key),
                 debug_options_path=debug_paths.get(key),
-                shardy_dumps=_shardy_dumps(folder / "shardy" / dir_name),
+                shardy_dumps=_shardy_dumps(folder / "shardy" / dir_name, root, errors),
                 config_path=config_path,
                 compile_dir=by_compile_dir.get(key),
+                root=root,
             )
         )
     run_record = _read_run_record(folder, errors)
@@ -246,13 +251,22 @@ def _snapshot(path: Path, name: DumpFileName, size: int) -> Snapshot:
     )
 
 
-def _shardy_dumps(directory: Path) -> tuple[Path, ...]:
+def _shardy_dumps(directory: Path, root: Path, errors: list[DumpError]) -> tuple[Path, ...]:
+    """The Shardy ``.mlir`` files of a module: only those really inside the dump folder ``root``
+    (a ``shardy/`` folder or file that a symbolic link takes out of it is skipped, and recorded)."""
     try:
         if not directory.is_dir():
             return ()
-        root = directory.resolve()
-        return tuple(sorted(p for p in directory.iterdir() if p.suffix == ".mlir" and p.is_file()
-                            and (not p.is_symlink() or _leads_inside(p, root))))
+        if not _leads_inside(directory, root):
+            errors.append(DumpError(str(directory), "skipped: a symbolic link that leads out of the dump folder"))
+            return ()
+        found = []
+        for path in sorted(p for p in directory.iterdir() if p.suffix == ".mlir" and p.is_file()):
+            if _leads_inside(path, root):
+                found.append(path)
+            else:
+                errors.append(DumpError(str(path), "skipped: a symbolic link that leads out of the dump folder"))
+        return tuple(found)
     except OSError:
         return ()
 
@@ -282,4 +296,6 @@ def _read_run_record(folder: Path, errors: list[DumpError]) -> dict[str, object]
     if not isinstance(record, dict):
         errors.append(DumpError(str(path), "not a JSON object"))
         return None
+    record, problems = checked_run_record(record, str(path))
+    errors.extend(problems)
     return record

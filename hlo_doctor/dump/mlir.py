@@ -20,11 +20,11 @@ _MESH = re.compile(
     r"(?:sdy\.mesh\s+@(?P<name>[\w.$-]+)\s*=\s*|(?P<attr>\w+)\s*=\s*#sdy\.mesh)"
     r"<\s*\[(?P<axes>[^\]]*)\]\s*(?:,\s*device_ids\s*=\s*\[(?P<ids>[^\]]*)\])?\s*>"
 )
-_AXIS = re.compile(r'"((?:[^"\\]|\\.)*)"\s*=\s*(\d+)')
+_AXIS = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"\s*=\s*(\d+)')
 _MODULE_ATTR = re.compile(r"mhlo\.(num_partitions|num_replicas)\s*=\s*(\d+)")
 _MODULE_NAME = re.compile(r"^\s*module\s+@([\w.$-]+|\"[^\"]*\")", re.M)
 _FUNC = re.compile(r"func\.func\s+(?:(?:public|private|nested)\s+)?@(?P<name>[\w.$-]+)\s*\(")
-_LOC_NAME = re.compile(r'loc\(\s*"((?:[^"\\]|\\.)*)"\s*\)\s*$')
+_LOC_NAME = re.compile(r'loc\(\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*\)\s*$')
 
 _OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}
 

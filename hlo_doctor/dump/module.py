@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from hlo_doctor.dump.mlir import MlirInfo, SdyMesh, parse_meshes, parse_mlir_info, read_declarations
 from hlo_doctor.dump.options import CompileOptions, Topology, debug_options_dict
 from hlo_doctor.dump.textproto import Message, TextprotoError, parse_textproto
+from hlo_doctor.files import real_path
 
 if TYPE_CHECKING:
     pass
@@ -39,6 +40,7 @@ class DumpModule:
         shardy_dumps: tuple[Path, ...] = (),
         config_path: Path | None = None,
         compile_dir: Path | None = None,
+        root: Path | None = None,
     ) -> None:
         self.id = module_id
         self.name = name
@@ -48,6 +50,7 @@ class DumpModule:
         self.shardy_dumps = shardy_dumps
         self.config_path = config_path
         self.compile_dir = compile_dir  # jax 0.7: jit_NAME_TS/ with compile_options.pb
+        self.root = root  # the dump folder (a real path): no file is read whose real path is outside it
         self._errors: list[DumpError] = []
 
     @property
@@ -93,8 +96,9 @@ class DumpModule:
             message = self._read_textproto(path)
             if message is not None:
                 return CompileOptions.from_message(message, str(path))
-        if self.compile_dir is not None and (self.compile_dir / "compile_options.pb").is_file():
-            return self._read_binary_options(self.compile_dir / "compile_options.pb")
+        binary = self.compile_dir / "compile_options.pb" if self.compile_dir is not None else None
+        if binary is not None and binary.is_file() and self._inside_dump(binary):
+            return self._read_binary_options(binary)
         return None
 
     def _read_binary_options(self, path: Path) -> CompileOptions | None:
@@ -266,7 +270,15 @@ class DumpModule:
                 found.append(self.config_path)
             elif name == "module.mlir" and self.compile_dir is not None and (self.compile_dir / name).is_file():
                 found.append(self.compile_dir / name)
-        return found
+        return [path for path in found if self._inside_dump(path)]
+
+    def _inside_dump(self, path: Path) -> bool:
+        """Whether ``path`` really is in the dump folder; a file a symbolic link takes out of it is
+        not read, and recorded as skipped (a dump is untrusted input: it does not choose what is read)."""
+        if self.root is None or real_path(path).is_relative_to(self.root):
+            return True
+        self.add_error(DumpError(str(path), "skipped: a symbolic link that leads out of the dump folder"))
+        return False
 
     def _read_text(self, path: Path) -> str | None:
         try:

@@ -92,10 +92,11 @@ class Message:
         return f"Message({self.fields!r})"
 
 
+MAX_DEPTH = 100  # protobuf's default recursion limit
 _TOKEN = re.compile(
     r"""
     (?P<space>(?:\s+|\#[^\n]*)+)
-  | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+  | (?P<string>"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'[^'\\\n]*(?:\\.[^'\\\n]*)*')
   | (?P<number>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fFuUlL]*(?![\w.]))
   | (?P<ident>[-]?[A-Za-z_][\w.]*)
   | (?P<extension>\[[A-Za-z_][\w./]*\])
@@ -183,6 +184,7 @@ class _Reader:
                 self.tokens.append((kind, match.group(), pos))
             pos = match.end()
         self.i = 0
+        self.depth = 0
 
     def _error(self, offset: int, message: str) -> TextprotoError:
         line = self.text.count("\n", 0, offset) + 1
@@ -240,17 +242,22 @@ class _Reader:
         if token is None:
             raise self._error(len(self.text), "expected a value before end of input")
         kind, text, offset = token
-        if kind == "punct" and text in "{<":
-            self.i += 1
-            return [self.message("}" if text == "{" else ">")]
-        if kind == "punct" and text == "[":
-            self.i += 1
-            items: list[Value] = []
-            while not self.accept("]"):
-                if self.accept(","):
-                    continue
-                items.extend(self.values(True))
-            return items
+        if kind == "punct" and text in "{<[":
+            self.depth += 1
+            if self.depth > MAX_DEPTH:  # as protobuf's own parsers do: no recursion without end
+                raise self._error(offset, f"nested more than {MAX_DEPTH} levels deep")
+            try:
+                self.i += 1
+                if text != "[":
+                    return [self.message("}" if text == "{" else ">")]
+                items: list[Value] = []
+                while not self.accept("]"):
+                    if self.accept(","):
+                        continue
+                    items.extend(self.values(True))
+                return items
+            finally:
+                self.depth -= 1
         if not has_colon:
             raise self._error(offset, f"expected ':' or '{{' after a field name, got {text!r}")
         self.i += 1

@@ -255,11 +255,28 @@ def local_program_file(recorded: str) -> Path | None:
     itself, when it exists. None: not here.
     """
     path = Path(recorded)
-    if path.is_file():
+    if _is_file(path):
         return path
     marker = recorded.replace("\\", "/").rfind(_PROGRAMS_PART)
     if marker >= 0:
         local = PROGRAMS / recorded[marker + len(_PROGRAMS_PART):]
-        if local.is_file():
+        # Only a file of the gallery itself: a recorded ``programs/../../x`` does not lead out.
+        if _is_file(local) and _inside(local, PROGRAMS):
             return local
     return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a path the system cannot look at (a component over 255
+    bytes, a NUL byte): a dump's recorded paths are arbitrary text."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False

@@ -11,7 +11,7 @@ it recompiles the patched copy through the runner and diagnoses it again.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hlo_doctor.findings import Finding, SourceEdit
@@ -75,7 +75,8 @@ class FixPlan:
 
 def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
                select: Collection[str] = (), path_map: Mapping[str, str] | None = None,
-               sources: Mapping[str, str] | None = None) -> FixPlan:
+               sources: Mapping[str, str] | None = None,
+               readable: Callable[[str], bool] | None = None) -> FixPlan:
     """The edits for ``findings`` (only the rules in ``select`` when given) to the files their
     edits name; ``program``: the script the dump came from (the runner's record), for edits
     whose file the finding does not name.
@@ -88,6 +89,10 @@ def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
     machine, but names a gallery program (``.../hlo_doctor/examples/programs/x.py``, as fixtures
     made by another checkout do), is read from this package's copy.
 
+    ``readable``: whether a file (by the path read) may be read at all; one it refuses is a
+    :class:`Refusal` (the dump names the files, and a dump is untrusted input: ``hlo-doctor fix``
+    reads only files below the project root, the dump's folder and the ``path_map`` targets).
+
     Nothing is written: ``plan.patched`` holds the new texts. A finding without an edit, or whose
     edit cannot be made safely, becomes a :class:`Refusal` with the reason. Applying the plan's
     edits to a program they were already made to is a refusal ("already applied?"), never a
@@ -95,4 +100,4 @@ def plan_fixes(findings: Sequence[Finding], *, program: str | None = None,
     """
     from hlo_doctor.fix.apply import plan_fixes as plan
 
-    return plan(findings, program=program, select=select, path_map=path_map, sources=sources)
+    return plan(findings, program=program, select=select, path_map=path_map, sources=sources, readable=readable)

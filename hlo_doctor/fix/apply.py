@@ -22,6 +22,7 @@ from pathlib import Path
 import libcst as cst
 
 from hlo_doctor.examples.registry import local_program_file
+from hlo_doctor.files import real_path
 from hlo_doctor.findings import Finding, SourceEdit
 from hlo_doctor.fix import FixPlan, PlannedEdit, Refusal
 from hlo_doctor.fix.constrain import constrain
@@ -120,7 +121,8 @@ def _place_key(edit: SourceEdit, path: str, line: int) -> tuple:
 
 
 def plan_fixes(findings: Sequence[Finding], *, program: str | None = None, select: Collection[str] = (),
-               path_map: Mapping[str, str] | None = None, sources: Mapping[str, str] | None = None) -> FixPlan:
+               path_map: Mapping[str, str] | None = None, sources: Mapping[str, str] | None = None,
+               readable: Callable[[str], bool] | None = None) -> FixPlan:
     """See :func:`hlo_doctor.fix.plan_fixes`."""
     plan = FixPlan()
     done: dict[tuple, PlannedEdit] = {}
@@ -136,7 +138,8 @@ def plan_fixes(findings: Sequence[Finding], *, program: str | None = None, selec
             plan.refused.append(Refusal(finding, reason))
             continue
         for edit in edits:
-            result = _plan_one(plan, finding, edit, program, path_map, sources, done, places, line_maps)
+            result = _plan_one(plan, finding, edit, program, path_map, sources, readable, done, places,
+                               line_maps)
             if isinstance(result, Refusal):
                 plan.refused.append(result)
     return plan
@@ -159,6 +162,7 @@ def _read(path: str, plan: FixPlan, sources: Mapping[str, str] | None) -> str:
 
 def _plan_one(plan: FixPlan, finding: Finding, edit: SourceEdit, program: str | None,
               path_map: Mapping[str, str] | None, sources: Mapping[str, str] | None,
+              readable: Callable[[str], bool] | None,
               done: dict[tuple, PlannedEdit], places: dict[tuple, SourceEdit],
               line_maps: dict[str, _LineMap]) -> PlannedEdit | Refusal | None:
     if edit.kind == "xla-flag":
@@ -172,9 +176,15 @@ def _plan_one(plan: FixPlan, finding: Finding, edit: SourceEdit, program: str | 
     if path == recorded and not (sources is not None and path in sources) and not Path(path).is_file():
         local = local_program_file(recorded)  # a gallery program recorded by another checkout
         path = str(local) if local is not None else path
-    if {"site-packages", "dist-packages"} & set(Path(path).parts):
+    # Checked on the real path: a project folder that is a link into site-packages is the library.
+    if {"site-packages", "dist-packages"} & set(Path(path).parts + real_path(path).parts):
         return Refusal(finding, f"{path} is an installed library's file, not the program's: "
                                 "the fix belongs in the code that calls it")
+    given = sources is not None and path in sources
+    if readable is not None and not given and path not in plan.patched and not readable(path):
+        return Refusal(finding, f"{path} is outside the project root and the dump: not read (the dump "
+                                "names it; run hlo-doctor fix in the program's project, or map it with "
+                                "--path-map RECORDED=LOCAL)")
     key = _edit_key(edit, path, line or 0)
     if key in done:
         first = done[key]

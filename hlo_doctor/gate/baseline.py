@@ -87,21 +87,38 @@ def read_baseline(path: str | Path, dump: str = "DUMP") -> tuple[BaselineEntry, 
         raise InputError(f"{path}: not a baseline file: {error}") from None
     if not isinstance(document, dict) or document.get("schema_version") != BASELINE_VERSION:
         raise InputError(f"{path}: not an hlo-doctor baseline (schema_version {BASELINE_VERSION} expected)")
-    try:
-        return tuple(
-            BaselineEntry(
-                fingerprint=str(entry["fingerprint"]),
-                rule=str(entry["rule"]),
-                module=str(entry["module"]),
-                instruction=entry.get("instruction"),
-                source=entry.get("source"),
-                message=str(entry.get("message", "")),
-                op=entry.get("op"),
-            )
-            for entry in document.get("findings", [])
-        )
-    except (KeyError, TypeError) as error:
-        raise InputError(f"{path}: malformed baseline entry: {error}") from None
+    entries = document.get("findings", [])
+    if not isinstance(entries, list):
+        raise InputError(f"{path}: malformed baseline: \"findings\" must be a list")
+    return tuple(_entry(entry, number, path) for number, entry in enumerate(entries))
+
+
+# An entry's keys and whether each may be null (absent counts as null).
+_ENTRY_KEYS = {"fingerprint": False, "rule": False, "module": False, "instruction": True, "source": True,
+               "message": True, "op": True}
+
+
+def _entry(entry: Any, number: int, path: str | Path) -> BaselineEntry:
+    """Entry ``number`` of the baseline, each value checked to be a string (or null where it may be)."""
+    where = f"{path}: malformed baseline entry {number}"
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: expected an object, not {type(entry).__name__}")
+    for key, nullable in _ENTRY_KEYS.items():
+        value = entry.get(key)
+        if value is None and not nullable:
+            raise InputError(f"{where}: \"{key}\" is missing")
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{where}: \"{key}\" must be a string{' or null' if nullable else ''}, "
+                             f"not {type(value).__name__}")
+    return BaselineEntry(
+        fingerprint=entry["fingerprint"],
+        rule=entry["rule"],
+        module=entry["module"],
+        instruction=entry.get("instruction"),
+        source=entry.get("source"),
+        message=entry.get("message") or "",
+        op=entry.get("op"),
+    )
 
 
 def apply_baseline(findings: Sequence[Finding], baseline: Sequence[BaselineEntry]) -> BaselineResult:

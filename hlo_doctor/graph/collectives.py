@@ -52,14 +52,16 @@ down to whole bytes.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from hlo_doctor.graph import tpu_collectives
 from hlo_doctor.graph.collective_groups import GroupMode, _group_facts, group_mode, participant_groups
 from hlo_doctor.hlo.attr_cursor import parse_int_list
 from hlo_doctor.hlo.attr_metadata import parse_metadata
+from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 
 if TYPE_CHECKING:
@@ -338,7 +340,7 @@ def _describe(
     kind = kind or op.opcode
     # The op's attributes in one pass over its line (the group, channel and flag come first).
     channel_text, global_text, replica_groups, pairs, dims_text, config, metadata_text = op.attributes_of(_DESCRIBED)
-    channel_id = int(channel_text) if channel_text is not None else None
+    channel_id = _channel_id(op, channel_text)
     global_ids = (global_text or "").strip() == "true"
     mode = group_mode(kind, channel_id, global_ids)
 
@@ -366,10 +368,10 @@ def _describe(
 
     dimension = None
     if kind in ("all-gather", "reduce-scatter", "all-to-all"):
-        dims = parse_int_list(dims_text) if dims_text is not None else None
+        dims = _read(op, "dimensions", dims_text, parse_int_list) if dims_text is not None else None
         dimension = dims[0] if dims else None
 
-    own_metadata = parse_metadata(metadata_text) if metadata_text is not None else None
+    own_metadata = _read(op, "metadata", metadata_text, parse_metadata) if metadata_text is not None else None
     own_sync = _sync_flag(config)
     if outer is op:
         metadata, is_sync = own_metadata, own_sync
@@ -449,3 +451,23 @@ def _sync_flag(config: str | None) -> bool | None:
         return None
     match = _IS_SYNC.search(config)
     return None if match is None else match.group(1) == "true"
+
+
+_Value = TypeVar("_Value")
+
+
+def _read(op: Instruction, key: str, text: str, parse: Callable[[str], _Value]) -> _Value:
+    """``parse(text)`` of ``op``'s attribute ``key``, its ParseError at the value's place in the file."""
+    try:
+        return parse(text)
+    except ParseError as error:
+        raise op.located(error, key, text) from None
+
+
+def _channel_id(op: Instruction, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise op.located(ParseError(f"expected an integer, found {text[:40]!r}"), "channel_id", text) from None

@@ -46,7 +46,7 @@ def frontend_attribute(instruction: Instruction, key: str) -> str | None:
     text = instruction.attribute("frontend_attributes")
     if not text or key not in text:
         return None
-    match = re.search(re.escape(key) + r'\s*=\s*"((?:[^"\\]|\\.)*)"', text)
+    match = re.search(re.escape(key) + r'\s*=\s*"([^"\\]*(?:\\.[^"\\]*)*)"', text)
     return match.group(1) if match else None
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 
 from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir_sharding import (
+    MAX_DEVICES,
     IotaDevices,
     ShardingKind,
     SubgroupType,
@@ -23,8 +25,8 @@ _SPACE_MATCH = always_matches(_SPACE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INT = re.compile(r"[+-]?\d+")
 _INT_LIST = re.compile(r"[+-]?\d+(?:(?:\s|/\*.*?\*/)*,(?:\s|/\*.*?\*/)*[+-]?\d+)*", re.S)
-_DQ_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S)
-_SQ_STRING = re.compile(r"'((?:[^'\\]|\\.)*)'", re.S)
+_DQ_STRING = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"', re.S)
+_SQ_STRING = re.compile(r"'([^'\\]*(?:\\.[^'\\]*)*)'", re.S)
 _ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|[0-7]{1,3}|.)", re.S)
 _SIMPLE_ESCAPES = {
     "n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
@@ -269,9 +271,12 @@ def _parse_braced_ints(cursor: _Cursor) -> tuple[int, ...]:
 
 def _parse_iota(cursor: _Cursor, what: str, *, require_transpose: bool) -> IotaDevices:
     """``[4,2]T(1,0)`` (the part after ``<=``)."""
+    reshape_pos = cursor.pos
     reshape = cursor.parse_bracketed_ints(what)
     if any(d < 0 for d in reshape):
         raise cursor.error(f"{what} must not be negative")
+    if math.prod(reshape) > MAX_DEVICES:  # checked before anything is expanded: an iota is cheap to write
+        raise cursor.error(f"{what}: an iota of {math.prod(reshape)} devices, more than {MAX_DEVICES}", reshape_pos)
     perm: tuple[int, ...] | None = None
     if cursor.peek() == "T" and cursor.peek_word() == "T":
         cursor.parse_optional_word()

@@ -14,6 +14,7 @@ from hlo_doctor.hlo.attr_cursor import (
 from hlo_doctor.hlo.attr_metadata import _parse_metadata_list
 from hlo_doctor.hlo.ir_metadata import OpMetadata
 from hlo_doctor.hlo.ir_sharding import (
+    MAX_DEVICES,
     AxisRef,
     IotaDevices,
     MeshAxis,
@@ -59,6 +60,8 @@ def _parse_mesh(cursor: _Cursor) -> NamedMesh:
             if any(axis.name == name for axis in axes):
                 raise cursor.error(f"mesh axis '{name}' is defined twice", name_pos)
             axes.append(MeshAxis(name, size))
+            if math.prod(axis.size for axis in axes) > MAX_DEVICES:
+                raise cursor.error(f"a mesh of more than {MAX_DEVICES} devices", name_pos)
             if cursor.eat("]"):
                 break
             cursor.expect(",", "between mesh axes")

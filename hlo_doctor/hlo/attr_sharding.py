@@ -16,6 +16,7 @@ from hlo_doctor.hlo.attr_metadata import _parse_metadata_list
 from hlo_doctor.hlo.attr_named import _parse_named_sharding
 from hlo_doctor.hlo.ir_metadata import OpMetadata
 from hlo_doctor.hlo.ir_sharding import (
+    MAX_DEVICES,
     IotaDevices,
     Sharding,
     ShardingKind,
@@ -164,9 +165,11 @@ def _parse_tile_assignment(
     """``[2,2]0,1,2,3`` or ``[2,2]<=[4]`` or ``[2,2]<=[2,2]T(1,0)``."""
     dims_pos = cursor.pos
     dims = cursor.parse_bracketed_ints("the tile assignment dims")
-    if any(d < 0 for d in dims):
-        raise cursor.error("tile assignment dims must not be negative", dims_pos)
+    if any(d < 1 for d in dims):
+        raise cursor.error("tile assignment dims must be positive", dims_pos)
     count = math.prod(dims)
+    if count > MAX_DEVICES:
+        raise cursor.error(f"a tile grid of {count} tiles: more than {MAX_DEVICES} devices", dims_pos)
     if cursor.eat("<="):
         iota_pos = cursor.pos
         iota = _parse_iota(cursor, "the iota reshape dims", require_transpose=True)

@@ -10,7 +10,7 @@ from hlo_doctor.hlo.lexer import Scanner, unescape
 
 __all__ = ["TABLE_NAMES", "FrameTableReader"]
 
-_TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"(?:[^\"\\]|\\.)*\"|\{[^}\n]*\})")
+_TABLE_ROW = re.compile(r"(\d+)[ \t]+(\"[^\"\\]*(?:\\.[^\"\\]*)*\"|\{[^}\n]*\})")
 _TABLE_FIELD = re.compile(r"(\w+)=(-?\d+)")
 
 TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")

@@ -26,6 +26,7 @@ from hlo_doctor.hlo.attr_cursor import parse_int_list, parse_int_lists
 from hlo_doctor.hlo.attr_metadata import parse_metadata
 from hlo_doctor.hlo.attr_named import parse_replica_groups
 from hlo_doctor.hlo.attr_sharding import parse_sharding
+from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir_metadata import OpMetadata, SourceLocation, StackFrame, StackFrameTables
 from hlo_doctor.hlo.ir_shape import ELEMENT_BITS, Layout, Position, Shape
 from hlo_doctor.hlo.ir_sharding import (
@@ -166,7 +167,7 @@ class ModuleText:
         :meth:`attribute_text`), split once for reads in a row."""
         if offset == self._split_offset:
             return self._split_pairs
-        return self._split(offset, self.attribute_text(offset, start))
+        return self._split(offset, self.attribute_text(offset, start), start)
 
     def attribute_at(self, offset: int, start: int, key: str) -> str | None:
         """Attribute ``key`` of the instruction at ``offset``: from the last split when it is this
@@ -180,7 +181,7 @@ class ModuleText:
             known, value = self.scan_attribute(text, key)
             if known:
                 return value
-            pairs = self._split(offset, text)
+            pairs = self._split(offset, text, start)
         return _value_of(pairs, key)
 
     def attributes_of_at(self, offset: int, start: int, keys: tuple[str, ...]) -> tuple[str | None, ...]:
@@ -198,8 +199,15 @@ class ModuleText:
             for key in keys
         ])
 
-    def _split(self, offset: int, text: str) -> tuple[tuple[str, str], ...]:
-        pairs = self.split_attributes(text)
+    def _split(self, offset: int, text: str, start: int) -> tuple[tuple[str, str], ...]:
+        try:
+            pairs = self.split_attributes(text)
+        except ParseError as error:  # at <string>:1:col of the attribute text: moved to the file
+            if error.line != 1:
+                raise
+            position = self.position(offset + start + error.col - 1)
+            raise ParseError(error.message, path=self.path, line=position.line, col=position.col,
+                             source_line=self.line_text(position.line)[:400]) from None
         self._split_offset, self._split_pairs = offset, pairs
         return pairs
 
@@ -329,40 +337,76 @@ class Instruction:
         text = self.attribute("sharding")
         if text is None:
             return None
-        return parse_sharding(text)
+        try:
+            return parse_sharding(text)
+        except ParseError as error:
+            raise self.located(error, "sharding", text) from None
 
     @property
     def metadata(self) -> OpMetadata | None:
         text = self.attribute("metadata")
         if text is None:
             return None
-        return parse_metadata(text)
+        try:
+            return parse_metadata(text)
+        except ParseError as error:
+            raise self.located(error, "metadata", text) from None
 
     @property
     def replica_groups(self) -> ReplicaGroups | None:
         text = self.attribute("replica_groups")
         if text is None:
             return None
-        return parse_replica_groups(text)
+        try:
+            return parse_replica_groups(text)
+        except ParseError as error:
+            raise self.located(error, "replica_groups", text) from None
 
     @property
     def source_pairs(self) -> tuple[tuple[int, int], ...] | None:
         text = self.attribute("source_target_pairs")
         if text is None:
             return None
-        return tuple((a, b) for a, b in parse_int_lists(text))
+        try:
+            return tuple((a, b) for a, b in parse_int_lists(text))
+        except ParseError as error:
+            raise self.located(error, "source_target_pairs", text) from None
 
     @property
     def dimensions(self) -> tuple[int, ...] | None:
         text = self.attribute("dimensions")
         if text is None:
             return None
-        return parse_int_list(text)
+        try:
+            return parse_int_list(text)
+        except ParseError as error:
+            raise self.located(error, "dimensions", text) from None
+
+    def located(self, error: ParseError, key: str, value: str) -> ParseError:
+        """``error``, raised reading the value ``value`` of attribute ``key`` on its own (at
+        ``<string>:line:col`` of the value), moved to its place in the module's file."""
+        text = self.origin.text
+        line_end = text.find("\n", self.offset)
+        at = text.find(f"{key}={value}", self.offset, len(text) if line_end == -1 else line_end)
+        if at == -1:  # not where the line has it (split over lines): point at the instruction
+            start = self.offset
+        else:
+            value_lines = value.split("\n")
+            inside = sum(len(line) + 1 for line in value_lines[: max(0, error.line - 1)]) + error.col - 1
+            start = at + len(key) + 1 + min(inside, len(value))
+        position = self.origin.position(start)
+        return ParseError(f"{key} of {self.name}: {error.message}", path=self.origin.path, line=position.line,
+                          col=position.col, source_line=self.origin.line_text(position.line)[:400])
 
     @property
     def channel_id(self) -> int | None:
         text = self.attribute("channel_id")
-        return int(text) if text is not None else None
+        if text is None:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise self.located(ParseError(f"expected an integer, found {text[:40]!r}"), "channel_id", text) from None
 
     @property
     def backend_config(self) -> str | None:

@@ -29,6 +29,13 @@ class SubgroupType(str, Enum):
     UNREDUCED = "unreduced"
 
 
+# The most devices a sharding, mesh or set of replica groups may name. The parser rejects more
+# (with file:line:col) before anything is expanded: ``[4000000000]<=[4000000000]`` costs 30 bytes to
+# write and 30 GB to expand. Real programs stay far below it (the largest TPU slices and GPU
+# clusters are tens of thousands of devices).
+MAX_DEVICES = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class IotaDevices:
     """``<=[reshape_dims]T(perm)``: iota(prod(reshape)) reshaped, transposed, flattened."""

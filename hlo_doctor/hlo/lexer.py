@@ -31,7 +31,7 @@ def always_matches(pattern: re.Pattern[str]) -> AlwaysMatches:
 
 SPACE_MATCH = always_matches(SPACE)
 NAME = re.compile(r"%?([A-Za-z0-9_][\w.\-]*)")
-STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 BRACE_EVENT = re.compile(r'[{}"]')
 BARE_VALUE_EVENT = re.compile(r'[\s,{}()\[\]"]')
 MESH_DEVICE_IDS = re.compile(r",\s*device_ids=\(")

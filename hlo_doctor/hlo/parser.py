@@ -95,9 +95,16 @@ class Parser(AsyncSugarReader):
         name, attributes = self.parse_header()
         self.parse_frame_tables()
         entry_name: str | None = None
+        defined: dict[str, int] = {}  # computation name -> where it starts (as XLA: names are unique)
         while self.peek():
             start = self.pos
             is_entry, computation = self.parse_computation()
+            if computation.name in defined:
+                first = SPACE_MATCH(self.text, defined[computation.name]).end()
+                line = self.text.count("\n", 0, first) + 1
+                raise self.error(f"computation '{computation.name}' is defined twice (first at line {line})",
+                                 SPACE_MATCH(self.text, start).end())
+            defined[computation.name] = start
             if is_entry:
                 if entry_name is not None:
                     raise self.error("more than one ENTRY computation", start)

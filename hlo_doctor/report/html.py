@@ -40,7 +40,7 @@ Inventory = Sequence[Mapping[str, Any]]
 
 def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
     """The whole report as one HTML document."""
-    sources = sources or SourcePolicy.default(report.program)
+    sources = sources or SourcePolicy.default(dump=report.dump)
     frameworks = {module.key: module.framework for module in report.modules}
     inventories = {module.key: module.inventory for module in report.modules}
     body = [_header(report)]

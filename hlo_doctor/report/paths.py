@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hlo_doctor.files import exists
+
 
 def local_path(recorded: str, base: Path | None = None) -> Path | None:
     """The file (or folder) on this machine that ``recorded`` names, or None.
@@ -22,7 +24,7 @@ def local_path(recorded: str, base: Path | None = None) -> Path | None:
     """
     path = Path(recorded)
     base = (base or Path.cwd()).resolve()
-    if path.is_absolute() and path.exists():
+    if path.is_absolute() and exists(path):
         try:
             path.resolve().relative_to(base)
             return path
@@ -33,9 +35,9 @@ def local_path(recorded: str, base: Path | None = None) -> Path | None:
     # matches an unrelated file of the same name.
     for start in range(max(1, len(parts) - 1)):
         candidate = base.joinpath(*parts[start:])
-        if candidate.exists():
+        if exists(candidate):
             return candidate
-    return path if path.exists() else None
+    return path if exists(path) else None
 
 
 def relative_path(recorded: str, base: Path | None = None) -> str:

@@ -11,6 +11,13 @@ Every format passes such text through one of these functions first:
 * :func:`md_text` and :func:`md_code` for Markdown (GitHub flavoured),
   in running text and in code spans, in or out of a table;
 * :func:`html_text` for HTML.
+
+What a name can cost is capped too (the JSON report alone keeps whole
+strings): a run of more than :data:`WORD_LIMIT` characters without a space
+(a hostile op_name of megabytes) is cut to its start and end around a marker
+that says how much is left out (:func:`shorten_words`), and :func:`plain`
+gives at most :data:`LINE_LIMIT` characters. Text that reaches a rich table
+is folded per word, which costs the square of a word's length.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import html
 import re
 
-__all__ = ["html_text", "md_code", "md_fence", "md_text", "plain", "plain_block", "rich_text"]
+__all__ = ["LINE_LIMIT", "WORD_LIMIT", "html_text", "md_code", "md_fence", "md_text", "plain", "plain_block",
+           "rich_text", "shorten_words"]
 
 _ST = r"(?:\x07|\x1b\\|\x9c)"
 _SEQUENCES = re.compile(
@@ -30,20 +38,49 @@ _SEQUENCES = re.compile(
     r"|\x9b[0-?]*[ -/]*[@-~]?"                      # CSI, 8-bit
     r"|\x1b[ -/]*[0-~]?"                            # other escapes (ESC c, ESC ( B, ...)
 )
+_SEQUENCE_START = re.compile(r"[\x1b\x90\x98\x9b\x9d\x9e\x9f]")  # what every sequence above starts with
 # C0 and C1 controls, DEL, and the bidirectional embeddings/overrides/isolates.
 _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _CONTROLS_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _WHITESPACE = re.compile(r"[\t\n\r\x0b\x0c]")
 
 
+WORD_LIMIT = 1000
+LINE_LIMIT = 20_000
+_LONG_WORD = re.compile(rf"(?<!\S)\S{{{WORD_LIMIT + 1},}}")  # from a word's start only: linear
+_KEPT_END = 40
+
+
+def shorten_words(text: str) -> str:
+    """``text`` with every run of more than :data:`WORD_LIMIT` non-space characters cut to its
+    start and its last characters around ``…[N more characters]…``."""
+    if len(text) <= WORD_LIMIT:
+        return text
+    return _LONG_WORD.sub(_shortened, text)
+
+
+def _shortened(match: re.Match[str]) -> str:
+    word = match.group()
+    head = WORD_LIMIT - _KEPT_END - 40
+    return f"{word[:head]}…[{len(word) - head - _KEPT_END} more characters]…{word[-_KEPT_END:]}"
+
+
+def _without_sequences(text: str) -> str:
+    return _SEQUENCES.sub("", text) if _SEQUENCE_START.search(text) else text
+
+
 def plain(text: object) -> str:
-    """``text`` as one line with no escape sequence or control character (tabs and newlines become spaces)."""
-    return _CONTROLS.sub("", _WHITESPACE.sub(" ", _SEQUENCES.sub("", str(text))))
+    """``text`` as one line with no escape sequence or control character (tabs and newlines become spaces),
+    its long words shortened and the whole at most :data:`LINE_LIMIT` characters."""
+    line = shorten_words(_CONTROLS.sub("", _WHITESPACE.sub(" ", _without_sequences(str(text)))))
+    if len(line) > LINE_LIMIT:
+        line = f"{line[:LINE_LIMIT - 40]}…[{len(line) - LINE_LIMIT + 40} more characters]"
+    return line
 
 
 def plain_block(text: object) -> str:
-    """Like :func:`plain`, keeping newlines (and tabs)."""
-    return _CONTROLS_BUT_LINES.sub("", _SEQUENCES.sub("", str(text).replace("\r\n", "\n")))
+    """Like :func:`plain`, keeping newlines (and tabs), with no limit on the whole."""
+    return shorten_words(_CONTROLS_BUT_LINES.sub("", _without_sequences(str(text).replace("\r\n", "\n"))))
 
 
 # ASCII punctuation that means something inline in (GitHub) Markdown.

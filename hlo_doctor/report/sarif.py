@@ -14,11 +14,12 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from hlo_doctor._version import __version__
 from hlo_doctor.findings import Finding, RuleInfo, Severity
 from hlo_doctor.report.paths import relative_path
-from hlo_doctor.report.safe import plain
+from hlo_doctor.report.safe import plain, shorten_words
 from hlo_doctor.report.symptoms import symptom_kinds
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -56,7 +57,7 @@ def sarif_log(
             "locations": [_primary_location(finding, base)],
             "properties": {
                 "module": plain(finding.module),
-                "evidence": _jsonable(finding.evidence),
+                "evidence": _cut(_jsonable(finding.evidence)),
             },
         }
         if finding.rule in index:
@@ -69,11 +70,11 @@ def sarif_log(
         if baseline_states is not None:
             result["baselineState"] = baseline_states[position]
         if finding.suggestion is not None:
-            result["properties"]["suggestion"] = {
+            result["properties"]["suggestion"] = _cut({
                 "summary": finding.suggestion.summary,
                 "jax": finding.suggestion.jax,
                 "torch_xla": finding.suggestion.torch_xla,
-            }
+            })
         results.append(result)
     return {
         "$schema": SARIF_SCHEMA,
@@ -135,9 +136,13 @@ def _message(finding: Finding) -> str:
 
 
 def _uri(path: str, base: Path) -> str:
+    """The file's URI reference, percent-encoded (RFC 3986): a ``#``, ``%``, space, control or
+    bidirectional character in a file name stays part of the path."""
     relative = relative_path(path, base)
     candidate = Path(relative)
-    return candidate.as_uri() if candidate.is_absolute() else relative
+    if candidate.is_absolute():
+        return "file://" + quote(candidate.as_posix(), safe="/")
+    return quote(relative, safe="/")
 
 
 def _location(path: str, line: int | None, base: Path) -> dict[str, Any]:
@@ -171,6 +176,17 @@ def _primary_location(finding: Finding, base: Path) -> dict[str, Any]:
             }
         ]
     return location
+
+
+def _cut(value: Any) -> Any:
+    """``value`` with the long words of its strings shortened (only the JSON report keeps whole names)."""
+    if isinstance(value, str):
+        return shorten_words(value)
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    return value
 
 
 def _jsonable(value: Any) -> Any:

@@ -67,7 +67,7 @@ def render_text(
     ``width`` is accepted for callers of the earlier, wrapped format; lines are not wrapped.
     """
     style = _Style(color)
-    sources = sources or SourcePolicy.default(report.program)
+    sources = sources or SourcePolicy.default(dump=report.dump)
     frameworks = {module.key: module.framework for module in report.modules}
     blocks = [_finding(finding, frameworks.get(finding.module), report.verbose, sources, style)
               for finding in report.findings]

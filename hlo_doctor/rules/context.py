@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from hlo_doctor.dump import Dump, DumpModule, Role
+from hlo_doctor.files import is_small_file
 from hlo_doctor.graph.collectives import Collective, find_collectives
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.devices import DeviceMap, device_map
@@ -372,7 +373,7 @@ _SHARDING_CALLS = re.compile(r"\b(with_sharding_constraint|mark_sharding|with_lo
 
 def _calls_sharding_api(path: str, line: int) -> bool:
     """Whether the source line calls a sharding API (the body of a constraint helper)."""
-    text = linecache.getline(path, line) if path and line else ""
+    text = linecache.getline(path, line) if path and line and is_small_file(path) else ""
     return bool(_SHARDING_CALLS.search(text))
 
 

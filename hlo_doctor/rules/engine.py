@@ -6,17 +6,24 @@ import dataclasses
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from hlo_doctor.errors import one_line
+from hlo_doctor.dump import DumpModule
+from hlo_doctor.errors import ShardingError, one_line
 from hlo_doctor.findings import Skip
 from hlo_doctor.fingerprint import with_fingerprint
+from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.registry import Registry
 
 INTERNAL_ERROR = "internal-error"
+# A rule stopped by malformed input (a ParseError of a lazily read attribute, at its file:line:col,
+# or a sharding or replica groups that cannot be: ShardingError) is not a crash of the rule: it is
+# skipped with this reason, and the analysis reports the error once as the module's.
+BAD_INPUT = "malformed input: "
+BAD_INPUT_ERRORS = (ParseError, ShardingError)
 
-__all__ = ["INTERNAL_ERROR", "Skip", "fold_same_fix", "fold_symptoms", "merge_outcomes", "run_rule", "run_rules",
-           "select_rules", "symptom_kinds"]
+__all__ = ["BAD_INPUT", "BAD_INPUT_ERRORS", "INTERNAL_ERROR", "Skip", "bad_input_of", "fold_same_fix", "fold_symptoms",
+           "merge_outcomes", "run_rule", "run_rules", "select_rules", "symptom_kinds"]
 
 SymptomKinds = Callable[[], Mapping[str, tuple[str, int]]]
 """Lazily: a per-device collective's name -> (its kind of symptom, wire bytes per device per step)."""
@@ -55,6 +62,8 @@ def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
         return [with_fingerprint(finding, name) for finding in rule.check(ctx)], None
     except RuleSkipped as skipped:
         return [], Skip(rule.id, ctx.module.key, skipped.reason)
+    except BAD_INPUT_ERRORS as error:  # the module's text, not the rule: reported once, as the input's error
+        return [], Skip(rule.id, ctx.module.key, BAD_INPUT + one_line(str(located(error, ctx.module)), 400))
     except Exception as error:  # noqa: BLE001 - one rule's bug must not end the run
         return [crash_finding(rule, ctx, error)], None
 
@@ -65,9 +74,38 @@ def cause_ranks(rules: Iterable[Rule]) -> dict[str, int]:
 
 
 def collective_names(ctx: RuleContext) -> Callable[[], frozenset[str]]:
-    """The names of the module's per-device collectives, read only when two rules found something."""
-    return lambda: frozenset(c.instruction for c in ctx.collectives) | frozenset(
-        c.done for c in ctx.collectives if c.done)
+    """The names of the module's per-device collectives, read only when two rules found something
+    (none when the module's collectives cannot be read: that is reported as the input's error)."""
+
+    def names() -> frozenset[str]:
+        try:
+            return frozenset(c.instruction for c in ctx.collectives) | frozenset(
+                c.done for c in ctx.collectives if c.done)
+        except BAD_INPUT_ERRORS:
+            return frozenset()
+
+    return names
+
+
+def located(error: Exception, module: DumpModule) -> Exception:
+    """A ParseError of an attribute value read on its own (``<string>:1:col``) moved to where that
+    value is in one of ``module``'s files, when it is found there; any other error as it is."""
+    if not isinstance(error, ParseError) or error.path is not None or error.line != 1 or not error.source_line:
+        return error
+    for snapshot in module.snapshots:
+        try:
+            text = snapshot.path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        at = text.find(error.source_line)
+        if at != -1:
+            return ParseError.at(text, at + error.col - 1, error.message, path=str(snapshot.path))
+    return error
+
+
+def bad_input_of(skips: Iterable[Skip]) -> list[str]:
+    """The distinct errors of the module's input that stopped rules (see :data:`BAD_INPUT`), in order."""
+    return list(dict.fromkeys(s.reason[len(BAD_INPUT):] for s in skips if s.reason.startswith(BAD_INPUT)))
 
 
 def symptom_kinds(ctx: RuleContext) -> SymptomKinds:

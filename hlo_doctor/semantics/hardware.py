@@ -13,6 +13,7 @@ them are optimistic lower bounds on communication time.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "profile_names",
 ]
 
+_MAX_DEVICES_PER_HOST = 1 << 20
 _FIELDS = ("name", "peak_bf16_flops", "intra_host_bandwidth", "inter_host_bandwidth", "devices_per_host")
 
 
@@ -64,8 +66,12 @@ class HardwareProfile:
         missing = [key for key in _FIELDS if key not in data]
         if missing:
             raise InputError(f"hardware profile lacks {', '.join(missing)}", path=where)
+        devices = data["devices_per_host"]
+        if isinstance(devices, bool) or not isinstance(devices, int):
+            raise InputError(f"bad hardware profile: devices_per_host must be an integer from 1 to "
+                             f"{_MAX_DEVICES_PER_HOST} (devices), not {devices!r}", path=where)
         try:
-            return cls(
+            profile = cls(
                 name=str(data["name"]),
                 peak_bf16_flops=float(data["peak_bf16_flops"]),
                 intra_host_bandwidth=float(data["intra_host_bandwidth"]),
@@ -77,11 +83,34 @@ class HardwareProfile:
                 platform=str(data.get("platform") or ("tpu" if str(data["name"]).startswith("tpu") else "gpu")),
                 inter_slice_bandwidth=(float(data["inter_slice_bandwidth"])
                                        if data.get("inter_slice_bandwidth") is not None else None),
-                memory_bandwidth=float(data["memory_bandwidth"]) if data.get("memory_bandwidth") else None,
-                hbm_bytes=int(data["hbm_bytes"]) if data.get("hbm_bytes") else None,
+                memory_bandwidth=(float(data["memory_bandwidth"])
+                                  if data.get("memory_bandwidth") is not None else None),
+                hbm_bytes=int(data["hbm_bytes"]) if data.get("hbm_bytes") is not None else None,
             )
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, AttributeError, OverflowError) as error:
             raise InputError(f"bad hardware profile: {error}", path=where) from None
+        profile._check_ranges(where)
+        return profile
+
+    def _check_ranges(self, where: str) -> None:
+        """Every figure is a finite positive number (a zero bandwidth would divide by zero, a
+        negative one would hide costs); InputError naming the field, its unit and the valid range."""
+        figures: list[tuple[str, float | None, str]] = [
+            ("peak_bf16_flops", self.peak_bf16_flops, "FLOP/s per device"),
+            ("intra_host_bandwidth", self.intra_host_bandwidth, "bytes/s each way per device"),
+            ("inter_host_bandwidth", self.inter_host_bandwidth, "bytes/s each way per device"),
+            ("inter_slice_bandwidth", self.inter_slice_bandwidth, "bytes/s each way per device"),
+            ("memory_bandwidth", self.memory_bandwidth, "bytes/s per device"),
+            ("hbm_bytes", self.hbm_bytes, "bytes of memory per device"),
+            *((f"peak_flops.{kind}", value, "FLOP/s per device") for kind, value in self.peak_flops),
+        ]
+        for key, value, unit in figures:
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise InputError(f"bad hardware profile: {key} must be a finite number > 0 ({unit}), "
+                                 f"not {value!r}", path=where)
+        if not 1 <= self.devices_per_host <= _MAX_DEVICES_PER_HOST:
+            raise InputError(f"bad hardware profile: devices_per_host must be an integer from 1 to "
+                             f"{_MAX_DEVICES_PER_HOST} (devices), not {self.devices_per_host!r}", path=where)
 
 
 def _profile_dir():
