@@ -90,7 +90,10 @@ class ReplicatedOptimizerState(Rule):
         weights = [layouts[n] for n, c in classes.items() if c == "weights" and n in layouts]
         shards_by_dims: dict[tuple[int, ...], int] = {}
         for weight in weights:
-            shards_by_dims[weight.dims] = max(shards_by_dims.get(weight.dims, 1), weight.shards)
+            # the fewest ways any weight of a shape is split: a state array is judged against the
+            # weight it may update, and when one weight of its shape is left whole (its own, say),
+            # the state kept whole with it is that weight's matter (replicated-large-parameter)
+            shards_by_dims[weight.dims] = min(shards_by_dims.get(weight.dims, weight.shards), weight.shards)
         behind: list[tuple[ParameterLayout, int]] = []
         for number in state:
             lay = layouts.get(number)
