@@ -145,8 +145,7 @@ def _fuzz_cases(seeds: list[Path], work: Path, indices: range) -> list[str]:
     from hlo_doctor.report.source import SourcePolicy
     from hlo_doctor.rules import discover
 
-    registry = discover()
-    rules = [registry.rules[rule_id].rule for rule_id in registry.ids()]
+    registry = discover()  # the rules, discovered once for all the cases
     loaded = []
     for seed in seeds:
         copy = work / seed.parent.name / seed.name
@@ -183,8 +182,8 @@ def _fuzz_cases(seeds: list[Path], work: Path, indices: range) -> list[str]:
         try:
             report = analyze_dump(Dump(dump.path, (case_module,), dump.run_record, dump.load_errors), jobs=1,
                                   registry=registry)
-            if output_format == "sarif":  # as render() does, with the rules discovered once
-                render_sarif(report.findings, rules, fingerprints=occurrence_fingerprints(report.findings))
+            if output_format == "sarif":  # as render() does, with the rules the analysis described
+                render_sarif(report.findings, report.rule_info, fingerprints=occurrence_fingerprints(report.findings))
             else:
                 render(report, output_format, color=False, width=100, sources=sources)
         except (InputError, ParseError) as error:  # exit 2, one line

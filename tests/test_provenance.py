@@ -85,8 +85,23 @@ def test_user_frame_skips_runner_bootstrap():
 # Keras' train steps: explain names the updated state's origin "input 0" where Shardy says
 # "output 2" (Keras' out_shardings), and misses some 'model' origins: a known gap, tracked strictly.
 _KERAS_GAP = pytest.mark.xfail(strict=True, reason="explain does not follow Keras' out_shardings origins yet")
+# The replicated-AdamW-state step: explain finds no origin for 8 of its optimizer values whose 'fsdp'
+# sharding Shardy traces to the sharded weights (inputs 4 and 13, and a constraint): a known gap,
+# tracked strictly.
+_ADAMW_GAP = pytest.mark.xfail(strict=True, reason="explain misses the origins of 8 optimizer values "
+                                                   "of the replicated-adamw-state step")
+
+
+def _gap_of(folder: Path):  # noqa: ANN202
+    if folder.parent.name.startswith("keras-"):
+        return _KERAS_GAP
+    if folder.parent.name == "replicated-adamw-state" and folder.name.endswith("-bad"):
+        return _ADAMW_GAP
+    return None
+
+
 SHARDY_FIXTURES = [
-    pytest.param(p.parent, marks=_KERAS_GAP) if p.parent.parent.name.startswith("keras-") else p.parent
+    pytest.param(p.parent, marks=gap) if (gap := _gap_of(p.parent)) is not None else p.parent
     for p in sorted(FIXTURES.glob("*/jax-shardy-*/shardy"))
 ]
 
