@@ -9,7 +9,9 @@ checks find nothing). Each kept program is a folder::
     DIR/NNNN-<pathology|clean>/dump/        the XLA dump (trimmed as the runner trims)
     DIR/NNNN-<pathology|clean>/truth.json   the spec, registry, checks and the oracle's roles
 
-Programs compile in parallel, one process per core (``--jobs``).
+Programs compile in parallel, one process per core (``--jobs``). With
+``--framework torch_xla`` the programs are ``nn.Module`` steps under torch_xla
+SPMD, each run in a fresh process through the runner (:mod:`corpusgen.torch_generate`).
 """
 
 from __future__ import annotations

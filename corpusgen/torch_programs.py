@@ -386,6 +386,12 @@ def _child_main(spec_path: Path, registry_path: Path) -> int:  # noqa: C901, PLR
         model = model.to(device)
         if replicated is not None:  # FSDPv2 leaves a parameter that is already marked alone
             mark(dict(model.named_parameters())[replicated], (None, None))
+        # Wrapped as the FSDPv2 guide does: each Linear (its output marked on the batch, so the
+        # weights are gathered, not the activations), then each block, then the model.
+        for owner in list(model.modules()):
+            for name, child in list(owner.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(owner, name, FSDPv2(child, mesh=mesh, shard_output=custom, **extra))
         for i, block in enumerate(model.blocks):
             model.blocks[i] = FSDPv2(block, mesh=mesh, shard_output=custom, **extra)
         wrapped = FSDPv2(model, mesh=mesh, shard_output=custom, **extra)
