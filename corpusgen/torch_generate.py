@@ -29,6 +29,8 @@ __all__ = ["generate_torch_pair", "relabel_torch"]
 
 CHILD = Path(__file__).with_name("torch_programs.py")
 CHILD_TIMEOUT_S = 900
+# Program folders are named tx0001a-...: apart from JAX's (0001a-...), in one corpus and in known_disagreements.toml.
+PREFIX = "tx"
 # The CPU backend's code generation is most of a compile and nothing the analysis reads: made cheap.
 FAST_BACKEND = {"xla_backend_optimization_level": "0", "xla_llvm_disable_expensive_passes": "true"}
 
@@ -120,7 +122,7 @@ def generate_torch_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any
         seed = base_seed * 1_000_003 + index * 101 + attempt
         spec = random_spec(seed, forced or "any")
         clean = _twin(spec)
-        folder = out_dir / f"{index:04d}{chr(ord('a') + len(kept))}"
+        folder = out_dir / f"{PREFIX}{index:04d}{chr(ord('a') + len(kept))}"
         _remove(folder)
         try:
             result, _, collectives = compile_program(clean, folder / "dump")
@@ -136,7 +138,7 @@ def generate_torch_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any
         kept.append(named.name)
         if natural is not None:
             continue
-        inj = out_dir / f"{index:04d}{chr(ord('a') + len(kept))}-{spec.injection}"
+        inj = out_dir / f"{PREFIX}{index:04d}{chr(ord('a') + len(kept))}-{spec.injection}"
         _remove(inj)
         try:
             result_i, text_i, collectives_i = compile_program(spec, inj / "dump")
