@@ -9,7 +9,9 @@ checks find nothing). Each kept program is a folder::
     DIR/NNNN-<pathology|clean>/dump/        the XLA dump (trimmed as the runner trims)
     DIR/NNNN-<pathology|clean>/truth.json   the spec, registry, checks and the oracle's roles
 
-Programs compile in parallel, one process per core (``--jobs``).
+Programs compile in parallel, one process per core (``--jobs``). With
+``--framework torch_xla`` the programs are ``nn.Module`` steps under torch_xla
+SPMD, each run in a fresh process through the runner (:mod:`corpusgen.torch_generate`).
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
     allowed = ["replicated-large-parameter"] if pathology == "uneven-dim" else []
     truth = {
         "schema_version": TRUTH_SCHEMA,
-        "framework": "jax",
+        "framework": getattr(spec, "framework", "jax"),
         "target": None,
         "spec": spec.as_json(),
         "devices_per_host": spec.devices_per_host,
@@ -286,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--start", type=int, default=0, help="first program index")
     parser.add_argument("--only", choices=list(PATHOLOGIES), help="inject only this pathology")
+    parser.add_argument("--framework", choices=("jax", "torch_xla"), default="jax",
+                        help="torch_xla: nn.Module programs under torch_xla SPMD (corpusgen/torch_generate.py)")
     options = parser.parse_args(argv)
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -294,8 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     kept = 0
     context = multiprocessing.get_context("spawn")
-    with context.Pool(options.jobs, initializer=_init_worker, initargs=(str(out),), maxtasksperchild=25) as pool:
-        for summary in pool.imap_unordered(generate_pair, work):
+    if options.framework == "torch_xla":
+        # Each torch_xla program runs in a fresh process of the runner's; the pool's workers only wait on them.
+        from corpusgen.torch_generate import generate_torch_pair
+
+        pair, initializer, initargs = generate_torch_pair, None, ()
+    else:
+        pair, initializer, initargs = generate_pair, _init_worker, (str(out),)
+    with context.Pool(options.jobs, initializer=initializer, initargs=initargs, maxtasksperchild=25) as pool:
+        for summary in pool.imap_unordered(pair, work):
             kept += len(summary["names"])
             print(f"{' '.join(summary['names']) or 'nothing kept'}  {summary['seconds']:.1f}s"
                   + (f"  ({len(summary['rejected'])} redrawn)" if summary["rejected"] else ""), flush=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from corpusgen.hlo_walk import Instr, Module
@@ -170,8 +171,11 @@ def axes_of(groups: list[list[int]], mesh: list[tuple[str, int]]) -> list[str]:
 class _Labeller:
     def __init__(self, module: Module, param_classes: dict[str, str], output_classes: list[str],
                  device_count: int, scopes: dict[str, str], mesh: list[tuple[str, int]] | None = None,
-                 device_ids: list[int] | None = None, devices_per_host: int | None = None) -> None:
+                 device_ids: list[int] | None = None, devices_per_host: int | None = None,
+                 phase: Callable[[Instr], str] | None = None, mesh_index_of: list[int] | None = None) -> None:
         self.module = module
+        self.phase = phase or (lambda instr: phase_of(instr.op_name))
+        self.mesh_index_of = mesh_index_of
         self.mesh = mesh
         self.device_ids = device_ids
         self.devices_per_host = devices_per_host
@@ -182,7 +186,8 @@ class _Labeller:
         sources: dict[tuple[str, str, int], int] = {}
         for number, param in module.parameters(entry).items():
             path = param.op_name.replace("\\'", "'")
-            cls = param_classes.get(path, "scalar")
+            # by argument path (JAX's op_name), or by number (torch_xla names none of them)
+            cls = param_classes.get(number, param_classes.get(path, "scalar"))
             self.classes[number] = cls
             sources[(entry, param.name, 0)] = 1 << number
         self.bits = module.taint(sources)
@@ -256,10 +261,12 @@ class _Labeller:
 
     def label(self, instr: Instr) -> LabelledCollective:
         kind = instr.opcode.removesuffix("-start")
-        phase = phase_of(instr.op_name)
+        phase = self.phase(instr)
         role, why = self._role(instr, kind, phase)
         groups = groups_of(instr, self.device_count)
-        axes = tuple(axes_of(groups, self.mesh)) if self.mesh else ()
+        at = self.mesh_index_of
+        in_mesh = [[at[p] for p in g if p < len(at)] for g in groups] if at else groups
+        axes = tuple(axes_of(in_mesh, self.mesh)) if self.mesh else ()
         crosses = None
         if self.device_ids is not None and self.devices_per_host:
             ids, per_host = self.device_ids, self.devices_per_host
@@ -315,10 +322,11 @@ class _Labeller:
         return "other", kind
 
 
-def label_collectives(module: Module, param_classes: dict[str, str], output_classes: list[str],
+def label_collectives(module: Module, param_classes: dict[str | int, str], output_classes: list[str],
                       device_count: int, scopes: dict[str, str] | None = None,
                       mesh: list[tuple[str, int]] | None = None, device_ids: list[int] | None = None,
-                      devices_per_host: int | None = None) -> list[LabelledCollective]:
+                      devices_per_host: int | None = None, phase: Callable[[Instr], str] | None = None,
+                      mesh_index_of: list[int] | None = None) -> list[LabelledCollective]:
     """Every collective of ``module`` (a partitioned module), labelled from the generator's registry.
 
     ``param_classes``: argument path (the entry parameter's op_name) -> class;
@@ -327,7 +335,13 @@ def label_collectives(module: Module, param_classes: dict[str, str], output_clas
     ``mesh``: the user's mesh axes (name, size) in order, whose row-major
     index is the logical partition id; ``device_ids``: the physical device of
     each partition id, with ``devices_per_host`` to say which groups cross hosts.
+
+    For torch_xla (no parameter names): ``param_classes`` keyed by entry
+    parameter number; ``phase``: the phase of an instruction from its metadata
+    (default: JAX's ``op_name``); ``mesh_index_of``: the row-major mesh index
+    of each partition id, when it is not the partition id itself (torch_xla's
+    partition ids are device ids; its mesh lists them in any order).
     """
     labeller = _Labeller(module, param_classes, output_classes, device_count, scopes or {}, mesh, device_ids,
-                         devices_per_host)
+                         devices_per_host, phase, mesh_index_of)
     return [labeller.label(i) for i in module.instructions() if i.opcode in COLLECTIVES]

@@ -91,6 +91,12 @@ def relabel(folder: Path) -> dict[str, Any]:
     from corpusgen.programs import Axis, ProgramSpec
 
     truth = json.loads((folder / "truth.json").read_text())
+    if truth.get("framework") == "torch_xla":
+        from corpusgen.torch_generate import relabel_torch
+
+        truth["collectives"] = relabel_torch(folder, truth)
+        (folder / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+        return truth
     spec_json = dict(truth["spec"])
     spec_json["axes"] = [Axis(**a) for a in spec_json["axes"]]
     spec = ProgramSpec(**spec_json)

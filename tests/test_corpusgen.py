@@ -163,3 +163,73 @@ def test_a_fixed_seed_sample_scores_with_no_unreviewed_disagreement(tmp_path):
     assert summary.startswith("corpus: roles "), scored.stdout[-3000:] + scored.stderr[-3000:]
     assert scored.returncode == 0, "\n".join(
         line for line in scored.stdout.splitlines() if line.startswith("  ") and "known:" not in line)[-6000:]
+
+
+# -- torch_xla ----------------------------------------------------------------------------------
+
+def test_torch_xla_phase_from_metadata():
+    # Hand-written metadata in the form torch_xla 2.9 prints with XLA_HLO_DEBUG=1.
+    from corpusgen.hlo_walk import Instr
+    from corpusgen.torch_oracle import torch_phase
+
+    def instr(metadata: str) -> Instr:
+        return Instr("c", "i", "f32[4]", "all-reduce", ["x"], f", {metadata}", False)
+
+    site = "/venv/lib/python3.11/site-packages/torch"
+    assert torch_phase(instr(f'metadata={{op_type="aten__addmm" op_name="aten__addmm" source_file="{site}/nn/'
+                             f'modules/linear.py" source_line=134}}')) == "forward"
+    assert torch_phase(instr('metadata={op_type="aten__mm" op_name="aten__mm"}')) == "backward"
+    assert torch_phase(instr(f'metadata={{op_type="aten__expand" op_name="aten__expand" source_file="{site}/'
+                             f'autograd/__init__.py" source_line=221}}')) == "backward"
+    assert torch_phase(instr(f'metadata={{op_type="aten__add" op_name="aten__add" source_file="{site}/optim/'
+                             f'sgd.py" source_line=10}}')) == "optimizer"
+    assert torch_phase(instr("")) == "unknown"
+
+
+def test_torch_xla_classes_by_parameter_number_and_groups_through_the_mesh_order():
+    # Hand-written, in torch_xla's form: every parameter is xla__device_data; classes come by
+    # number. The mesh ('a'=2, 'b'=2) lists devices [0, 2, 1, 3], so devices {0,2} differ along b.
+    text = _STEP.replace("op_name=\"params['w']\"", 'op_type="xla__device_data" op_name="xla__device_data"').replace(
+        "op_name=\"batch['x']\"", 'op_type="xla__device_data" op_name="xla__device_data"').replace(
+        "replica_groups={{0,1}}", "replica_groups={{0,2},{1,3}}")
+    module = parse_module(text)
+    labelled = label_collectives(module, {0: "weight", 1: "data"}, ["weight", "scalar"], 4,
+                                 mesh=[("a", 2), ("b", 2)], mesh_index_of=[0, 2, 1, 3],
+                                 phase=lambda instr: "backward" if "transpose(" in instr.op_name else "forward")
+    roles = {c.instruction: (c.role, c.axes) for c in labelled}
+    assert roles["gs"] == ("gradient-reduce", ("b",))
+    assert roles["ag"] == ("activation-gather", ("b",))
+
+
+def test_torch_xla_specs_are_legal():
+    from corpusgen.torch_programs import TORCH_PATHOLOGIES
+    from corpusgen.torch_programs import device_layout as torch_layout
+    from corpusgen.torch_programs import random_spec as torch_spec
+
+    for seed in range(60):
+        spec = torch_spec(seed, "any")
+        assert spec.injection in TORCH_PATHOLOGIES and spec.injection in PATHOLOGIES
+        assert sorted(torch_layout(spec)) == list(range(spec.devices))
+        if spec.style != "mark":
+            assert spec.axes[0].name == "fsdp"
+        batch_shards = int(__import__("math").prod(a.size for a in spec.axes if a.role in ("data", "fsdp")))
+        assert spec.batch % batch_shards == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs the torch_xla extra")
+def test_a_fixed_seed_torch_xla_sample_scores_with_no_unreviewed_disagreement(tmp_path):
+    out = tmp_path / "corpus"
+    generated = subprocess.run([sys.executable, str(ROOT / "corpusgen" / "generate.py"), "--framework", "torch_xla",
+                                "--n", "6", "--seed", "3", "--out", str(out), "--jobs", "2"],
+                               capture_output=True, text=True, timeout=1800)
+    assert generated.returncode == 0, generated.stdout[-2000:] + generated.stderr[-2000:]
+    truths = [__import__("json").loads(p.read_text()) for p in out.glob("*/truth.json")]
+    assert len(truths) >= 6
+    assert {t["framework"] for t in truths} == {"torch_xla"}
+    scored = subprocess.run([sys.executable, str(ROOT / "corpusgen" / "score.py"), str(out)],
+                            capture_output=True, text=True, timeout=1200)
+    summary = scored.stdout.strip().splitlines()[-1] if scored.stdout.strip() else ""
+    assert summary.startswith("corpus: roles "), scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert scored.returncode == 0, "\n".join(
+        line for line in scored.stdout.splitlines() if line.startswith("  ") and "known:" not in line)[-6000:]
