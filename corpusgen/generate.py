@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,27 +222,35 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
 
 
 def generate_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any]:
+    """Pair ``index`` of JAX programs (see :func:`draw_pair`)."""
+    index, base_seed, out, forced = args
+    return draw_pair(index, base_seed, Path(out), forced, draw=random_spec, twin=_twin, compile=_compile_labelled,
+                     effect=check_effect, attempts=5)
+
+
+def draw_pair(index: int, base_seed: int, out_dir: Path, forced: str | None, *, draw: Callable[..., Any],
+              twin: Callable[..., Any], compile: Callable[..., Any], effect: Callable[..., Any], attempts: int,
+              prefix: str = "") -> dict[str, Any]:
     """Pair ``index``: a program drawn clean, and its twin with a pathology injected.
 
     The clean draw is compiled first. If XLA gave it a pathology of its own it is kept as a
     natural one and a new spec is drawn for the injection; otherwise it is kept clean, and the
     injected twin (same spec, one change) is compiled and kept when its effect shows.
+    ``draw(seed, injection)`` makes a spec, ``twin(spec)`` its clean twin, ``compile(spec, dump)``
+    gives ``(result, partitioned text, collectives)`` and ``effect`` is :func:`check_effect`'s kind.
     """
-    index, base_seed, out, forced = args
-    out_dir = Path(out)
     started = time.monotonic()
     kept: list[str] = []
     rejected: list[str] = []
-    for attempt in range(5):
+    for attempt in range(attempts):
         seed = base_seed * 1_000_003 + index * 101 + attempt
-        spec = random_spec(seed, forced or "any")
-        clean = _twin(spec)
-        letter = chr(ord("a") + len(kept))
-        folder = out_dir / f"{index:04d}{letter}"
+        spec = draw(seed, forced or "any")
+        clean = twin(spec)
+        folder = out_dir / f"{prefix}{index:04d}{chr(ord('a') + len(kept))}"
         _remove(folder)
         try:
-            result, _, collectives = _compile_labelled(clean, folder / "dump")
-        except Exception as error:  # noqa: BLE001 - a spec JAX rejects is redrawn, and said so
+            result, _, collectives = compile(clean, folder / "dump")
+        except Exception as error:  # noqa: BLE001 - a spec the framework rejects is redrawn, and said so
             rejected.append(f"seed {seed} (clean draw): {type(error).__name__}: {str(error)[:300]}")
             _remove(folder)
             continue
@@ -253,11 +262,11 @@ def generate_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any]:
         kept.append(named.name)
         if natural is not None:
             continue
-        inj = out_dir / f"{index:04d}{chr(ord('a') + len(kept))}-{spec.injection}"
+        inj = out_dir / f"{prefix}{index:04d}{chr(ord('a') + len(kept))}-{spec.injection}"
         _remove(inj)
         try:
-            result_i, text_i, collectives_i = _compile_labelled(spec, inj / "dump")
-            shows, evidence_i = check_effect(spec, result_i, text_i, collectives_i, collectives)
+            result_i, text_i, collectives_i = compile(spec, inj / "dump")
+            shows, evidence_i = effect(spec, result_i, text_i, collectives_i, collectives)
         except Exception as error:  # noqa: BLE001
             shows, evidence_i = False, f"{type(error).__name__}: {str(error)[:300]}"
         if not shows:

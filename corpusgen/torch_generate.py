@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from corpusgen.generate import _remove, _write, check_effect, judge_clean, partitioned_text
+from corpusgen.generate import check_effect, draw_pair, partitioned_text
 from corpusgen.hlo_walk import parse_module
 from corpusgen.oracle import label_collectives
 from corpusgen.torch_oracle import dot_flops, torch_phase
@@ -112,47 +111,11 @@ def _twin(spec: TorchSpec) -> TorchSpec:
 
 
 def generate_torch_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any]:
-    """Pair ``index``: a torch_xla program drawn clean, and its twin with a pathology injected."""
+    """Pair ``index``: a torch_xla program drawn clean, and its twin with a pathology injected
+    (:func:`corpusgen.generate.draw_pair`; folders prefixed ``tx``)."""
     index, base_seed, out, forced = args
-    out_dir = Path(out)
-    started = time.monotonic()
-    kept: list[str] = []
-    rejected: list[str] = []
-    for attempt in range(4):
-        seed = base_seed * 1_000_003 + index * 101 + attempt
-        spec = random_spec(seed, forced or "any")
-        clean = _twin(spec)
-        folder = out_dir / f"{PREFIX}{index:04d}{chr(ord('a') + len(kept))}"
-        _remove(folder)
-        try:
-            result, _, collectives = compile_program(clean, folder / "dump")
-        except Exception as error:  # noqa: BLE001 - a spec torch_xla rejects is redrawn, and said so
-            rejected.append(f"seed {seed} (clean draw): {type(error).__name__}: {str(error)[:300]}")
-            _remove(folder)
-            continue
-        natural, evidence = judge_clean(clean, result, collectives)  # type: ignore[arg-type]
-        named = folder.with_name(f"{folder.name}-{natural or 'clean'}")
-        _remove(named)
-        folder.rename(named)
-        _write(named, clean, result, collectives, natural, evidence, rejected, None)  # type: ignore[arg-type]
-        kept.append(named.name)
-        if natural is not None:
-            continue
-        inj = out_dir / f"{PREFIX}{index:04d}{chr(ord('a') + len(kept))}-{spec.injection}"
-        _remove(inj)
-        try:
-            result_i, text_i, collectives_i = compile_program(spec, inj / "dump")
-            shows, evidence_i = check_torch_effect(spec, result_i, text_i, collectives_i, collectives)
-        except Exception as error:  # noqa: BLE001
-            shows, evidence_i = False, f"{type(error).__name__}: {str(error)[:300]}"
-        if not shows:
-            rejected.append(f"seed {seed} ({spec.injection}): {evidence_i}")
-            _remove(inj)
-            continue
-        _write(inj, spec, result_i, collectives_i, spec.injection, evidence_i, rejected, named.name)  # type: ignore[arg-type]
-        kept.append(inj.name)
-        break
-    return {"names": kept, "seconds": time.monotonic() - started, "rejected": rejected}
+    return draw_pair(index, base_seed, Path(out), forced, draw=random_spec, twin=_twin, compile=compile_program,
+                     effect=check_torch_effect, attempts=4, prefix=PREFIX)
 
 
 def relabel_torch(folder: Path, truth: dict[str, Any]) -> list[dict[str, Any]]:
