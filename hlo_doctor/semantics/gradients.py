@@ -47,6 +47,11 @@ class UpdateSearch:
         self.params = params
         self.weights_by_dims = weights_by_dims
         self._found: dict[int, bool] = {}
+        self._weight_values: dict[int, bool] = {}  # node -> whether it is a weight's own value
+        self._weights = params.weights | params.state
+        entry = graph.module.entry
+        root = entry.root if entry is not None else None  # found once: Computation.root scans the body
+        self._root = graph.id_of((entry.name, root.name)) if entry is not None and root is not None else None
 
     def reaches_update(self, start: int) -> bool:
         """Whether node ``start``'s value reaches a weight's update (or a weight-shaped output)
@@ -59,9 +64,7 @@ class UpdateSearch:
     def _search_update(self, start: int) -> bool:
         graph = self.graph
         at = graph.instruction_at
-        weights = self.params.weights | self.params.state
-        entry = graph.module.entry
-        root = graph.id_of((entry.name, entry.root.name)) if entry is not None and entry.root is not None else None
+        root = self._root
         seen: set[tuple[int, int]] = set()
         queue: deque[tuple[int, int]] = deque([(start, -1)])  # (node, tuple element or -1)
         while queue and len(seen) < UPDATE_SEARCH:
@@ -95,7 +98,7 @@ class UpdateSearch:
                     continue  # a whole tuple read by an array op: not followed
                 if opcode == "reduce" and not degenerate_reduce(graph, user):
                     continue
-                if opcode in UPDATES and not instruction.shape.is_tuple and self._updates_weight(user, node, weights):
+                if opcode in UPDATES and not instruction.shape.is_tuple and self._updates_weight(user, node):
                     return True
                 queue.append((user, -1))
         return False
@@ -107,18 +110,22 @@ class UpdateSearch:
         shape = self.graph.instruction_at[operands[slot]].shape
         return not shape.is_tuple and shape.rank > 0 and shape.dims in self.weights_by_dims
 
-    def _updates_weight(self, node: int, via: int, weights) -> bool:
+    def _updates_weight(self, node: int, via: int) -> bool:
         """Whether elementwise ``node`` combines ``via`` with a weight's own value of its shape."""
         at = self.graph.instruction_at
         dims = at[node].shape.dims
-        for source in self.graph.operand_ids[node]:
-            if source in (via, NO_NODE) or at[source].shape.dims != dims:
-                continue
-            bits = self.graph.parameter_bits(source)
-            if bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in weights and \
-                    is_parameter_value(self.graph, source):
-                return True
-        return False
+        return any(source not in (via, NO_NODE) and at[source].shape.dims == dims and self._weight_value(source)
+                   for source in self.graph.operand_ids[node])
+
+    def _weight_value(self, node: int) -> bool:
+        """Whether ``node`` is one weight's own value (moved, not computed); asked once per node."""
+        found = self._weight_values.get(node)
+        if found is None:
+            bits = self.graph.parameter_bits(node)
+            found = self._weight_values[node] = bool(
+                bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in self._weights
+                and is_parameter_value(self.graph, node))
+        return found
 
 
 

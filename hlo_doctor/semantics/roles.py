@@ -254,7 +254,7 @@ class _Judge:
 
     def _reaches_update_from(self, facts: CollectiveFacts) -> bool:
         node = self.graph.id_of(facts.result_key)
-        return node is not None and self.reaches_update(node)
+        return node is not None and self.updates.reaches_update(node)
 
     def permute_role(self, facts: CollectiveFacts, operand: OperandFacts, bits: int, batch_dims: bool) -> OperandRole:
         """A collective-permute: a ring (a gather or reduction in pieces), a pipeline send or a reshard.
@@ -409,19 +409,19 @@ class _Judge:
         matches = self.weights_by_dims.get(at[node].shape.dims, [])
         return matches[0] if len(matches) == 1 else None
 
-    def reaches_update(self, start: int) -> bool:
-        """Whether node ``start``'s value is already a weight's gradient (see :mod:`hlo_doctor.semantics.gradients`)."""
-        return self.updates.reaches_update(start)
-
     @cached_property
     def updates(self) -> UpdateSearch:
+        """Which values are already a weight's gradient (see :mod:`hlo_doctor.semantics.gradients`)."""
         return UpdateSearch(self.graph, self.params, self.weights_by_dims)
+
+    @cached_property
+    def losses(self) -> list[int]:
+        return _loss_nodes(self.graph, self.params)
 
     @cached_property
     def forward_nodes(self) -> frozenset[int]:
         """The nodes the step's loss derives from: its forward pass (empty when it has no loss)."""
-        losses = _loss_nodes(self.graph, self.params)
-        return frozenset(self.graph.reach_ids(losses, forward=False)) if losses else frozenset()
+        return frozenset(self.graph.reach_ids(self.losses, forward=False)) if self.losses else frozenset()
 
     def _is_parameter_value(self, node: int) -> bool:
         return is_parameter_value(self.graph, node)
@@ -495,19 +495,19 @@ def assign_roles(
         sizes = [o.bytes_in for o in facts.operands] or [0]
         main = operands[max(range(len(operands)), key=lambda i: sizes[i] if i < len(sizes) else 0)]
         judged.append((facts, main, operands))
-    phases = _phases(graph, params, judged)
+    phases = _phases(graph, params, judged, judge)
     return tuple(
         CollectiveRole(facts, main.role, phase, main.parameters, main.reason, operands)
         for (facts, main, operands), phase in zip(judged, phases, strict=False)
     )
 
 
-def _phases(graph: DataflowGraph, params: EntryParameters, judged) -> list[str]:
+def _phases(graph: DataflowGraph, params: EntryParameters, judged, judge: _Judge) -> list[str]:
     gradient_ids = [graph.id_of(f.result_key) for f, main, _ in judged if main.role == "gradient-reduce"]
     gradient_results = [n for n in gradient_ids if n is not None]
     optimizer = graph.reach_ids(gradient_results, forward=True) - set(gradient_results) if gradient_results else set()
-    losses = _loss_nodes(graph, params)
-    forward = graph.reach_ids(losses, forward=False) if losses else None
+    losses = judge.losses
+    forward = judge.forward_nodes if losses else None  # the loss's ancestors, made once with the roles
     training = bool(gradient_results) or bool(params.state) or losses
     out = []
     for facts, main, _ in judged:
