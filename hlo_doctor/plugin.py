@@ -95,7 +95,7 @@ from hlo_doctor.hlo.ir import (
     ShardingKind,
     SourceLocation,
 )
-from hlo_doctor.rules._suggest import (
+from hlo_doctor.program.suggest import (
     argument_name,
     constraint_code,
     jax_spec,

@@ -176,7 +176,7 @@ def _record(program: Path) -> dict:
 
 
 def test_the_lever_loops_over_the_layers_only_when_each_has_the_finding(tmp_path: Path):
-    from hlo_doctor.rules._module_hooks import forward_hook_lever
+    from hlo_doctor.program.module_hooks import forward_hook_lever
 
     program = tmp_path / "train.py"
     program.write_text("def main(net, mesh, x):\n    opt = 1\n    loss = net(x).loss\n")

@@ -17,7 +17,7 @@ import pytest
 
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import load_dump
-from hlo_doctor.rules._suggest import assigned_name
+from hlo_doctor.program.suggest import assigned_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.testing import builtin_rule_ids
 
@@ -102,7 +102,7 @@ def test_keras_parameters_are_named_by_their_variable_path():
 def test_positional_parameters_map_to_recorded_paths_only_when_the_shapes_agree():
     """state[g][i] is variable i of group g of the traced step's recorded state; nnx.jit's
     model.states[0][i] is leaf i. A shape that differs, another function or a missing shape: no name."""
-    from hlo_doctor.rules._program import recorded_parameter_path
+    from hlo_doctor.program.source import recorded_parameter_path
 
     variables = [{"path": "dense/kernel", "shape": [4, 8], "dtype": "float32"},
                  {"path": "dense/bias", "shape": [8], "dtype": "float32"},
@@ -134,7 +134,7 @@ def test_positional_parameters_map_to_recorded_paths_only_when_the_shapes_agree(
 def test_the_layout_map_key_is_the_variables_own(tmp_path):
     """The key generalizes the layer index only when every variable it then matches is unmatched
     and of the same shape, and is no key the program has; else it is the path itself."""
-    from hlo_doctor.rules._levers import keras_layout_key
+    from hlo_doctor.program.levers import keras_layout_key
 
     program = tmp_path / "train.py"
     program.write_text("layout = LayoutMap(mesh)\nlayout['block_1/ffw/kernel'] = (None, 'model')\n")
@@ -179,7 +179,7 @@ def test_the_variable_comes_from_the_line(tmp_path):
 
 def test_mesh_axis_names_from_the_program_when_the_dump_has_none(tmp_path):
     """Hand-written programs: the names of the one mesh construction of the inferred shape."""
-    from hlo_doctor.rules._program import program_mesh_axes
+    from hlo_doctor.program.source import program_mesh_axes
 
     program = tmp_path / "train.py"
     program.write_text(

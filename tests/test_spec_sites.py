@@ -1,4 +1,4 @@
-"""Where a program writes a spec's axes (``hlo_doctor.rules._spec_sites``), and the ``axes`` and
+"""Where a program writes a spec's axes (``hlo_doctor.program.spec_sites``), and the ``axes`` and
 in-place ``constrain`` edits, on small hand-written programs (not compiler output)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from hlo_doctor.findings import SourceEdit
-from hlo_doctor.rules._spec_sites import axes_site, parameter_axes_site, spec_site
+from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, spec_site
 from tests.fix_cases import patched, refused
 
 PROGRAM = '''\

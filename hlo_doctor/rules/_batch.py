@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.hlo.ir import HloModule, Instruction
-from hlo_doctor.rules._suggest import argument_name
+from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.rules.base import Finding, SourceRef
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.batch_dims import (  # noqa: F401 - re-exported for the rules

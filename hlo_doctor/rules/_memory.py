@@ -18,7 +18,7 @@ from hlo_doctor.dump import Role
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.memory import ModuleMemory, Target, module_memory, reaches_only_updates
-from hlo_doctor.rules._suggest import argument_name
+from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.hardware import HardwareProfile, profile_for_dump
 

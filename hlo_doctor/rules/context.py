@@ -22,8 +22,8 @@ from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
-from hlo_doctor.rules._program import program_mesh_axes
-from hlo_doctor.rules._suggest import argument_name
+from hlo_doctor.program.source import program_mesh_axes
+from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
 from hlo_doctor.semantics.cost import module_flops

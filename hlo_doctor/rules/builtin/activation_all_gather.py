@@ -10,6 +10,8 @@ from hlo_doctor.graph.collectives import Collective, Form
 from hlo_doctor.graph.dataflow import NodeKey
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import Instruction, ShardingKind
+from hlo_doctor.program.levers import at_flax_rules
+from hlo_doctor.program.suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules._batch import (
     BatchAnalysis,
     axes_text,
@@ -17,8 +19,6 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._levers import at_flax_rules
-from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import MATMULS

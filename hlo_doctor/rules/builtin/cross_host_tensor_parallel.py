@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
-from hlo_doctor.rules._levers import mesh_construction_rewritten
-from hlo_doctor.rules._records import record_entries, user_line
+from hlo_doctor.program.levers import mesh_construction_rewritten
+from hlo_doctor.program.records import record_entries, user_line
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hlo_doctor.memory import FROM_BUFFER_ASSIGNMENT, FROM_USAGE_REPORT, ModuleMemory
+from hlo_doctor.program.suggest import parameter_code
 from hlo_doctor.rules._memory import (
     ParameterLayout,
     memory_of,
@@ -13,7 +14,6 @@ from hlo_doctor.rules._memory import (
     parameter_layouts,
     target_for,
 )
-from hlo_doctor.rules._suggest import parameter_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes

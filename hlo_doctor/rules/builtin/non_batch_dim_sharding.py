@@ -11,6 +11,9 @@ from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.graph.source import module_path_of
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
+from hlo_doctor.program.levers import at_flax_rules, user_constraint_respec, with_lever
+from hlo_doctor.program.module_hooks import forward_hook_lever
+from hlo_doctor.program.suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules._batch import (
     BatchAnalysis,
     analyze_batch,
@@ -19,9 +22,6 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._levers import at_flax_rules, user_constraint_respec, with_lever
-from hlo_doctor.rules._module_hooks import forward_hook_lever
-from hlo_doctor.rules._suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts

@@ -13,12 +13,12 @@ from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.attr_sharding import parse_sharding
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind, attribute_of_each
+from hlo_doctor.program.levers import jax_argument_constraint, with_lever
+from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
+from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
+from hlo_doctor.program.torch_levers import torch_input_marks
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
-from hlo_doctor.rules._levers import jax_argument_constraint, with_lever
-from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
-from hlo_doctor.rules._suggest import constraint_code, jax_spec, python_identifier, torch_spec
-from hlo_doctor.rules._torch_levers import torch_input_marks
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.program.levers import keras_layout_key, nnx_partitioning, parameter_respec, with_lever
+from hlo_doctor.program.source import recorded_parameter_path
+from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._batch import buffer_donors
-from hlo_doctor.rules._levers import keras_layout_key, nnx_partitioning, parameter_respec, with_lever
-from hlo_doctor.rules._program import recorded_parameter_path
-from hlo_doctor.rules._suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.program.suggest import parameter_code
 from hlo_doctor.rules._memory import ParameterLayout, parameter_classes, parameter_instruction, parameter_layouts
-from hlo_doctor.rules._suggest import parameter_code
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes

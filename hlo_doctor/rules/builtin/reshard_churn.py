@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Computation, Instruction
-from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._spec_sites import normalize, parse_spec_text
-from hlo_doctor.rules._suggest import constraint_code, jax_spec, spec_tuple, torch_spec
+from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.spec_sites import normalize, parse_spec_text
+from hlo_doctor.program.suggest import constraint_code, jax_spec, spec_tuple, torch_spec
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES

@@ -8,7 +8,7 @@ from math import gcd
 
 from hlo_doctor.graph.sharding import layouts
 from hlo_doctor.hlo.ir import Computation, Instruction, ShardingKind, attribute_of_each
-from hlo_doctor.rules._suggest import constraint_code, round_up
+from hlo_doctor.program.suggest import constraint_code, round_up
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 

@@ -14,16 +14,18 @@ import ast
 import functools
 import re
 from pathlib import Path
+from typing import TypeVar
 
 from hlo_doctor.examples.registry import local_program_file
 
-__all__ = ["call_name", "parsed_program", "program_mesh_axes", "program_text", "recorded_parameter_path"]
+__all__ = ["call_name", "literal_values", "parsed_program", "program_mesh_axes", "program_text", "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
 _MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
 _READ_LIMIT = 2_000_000
 
 
+T = TypeVar("T")
 Names = tuple[str, ...]
 Shape = tuple[int, ...] | None
 
@@ -103,21 +105,26 @@ def _shape(call: ast.Call) -> Shape:
     nodes = [kw.value for kw in call.keywords if kw.arg in ("shape", "mesh_shape", "axis_shapes")]
     nodes += list(call.args[:2])
     for node in nodes:
-        if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
-                isinstance(e, ast.Constant) and isinstance(e.value, int) for e in node.elts):
-            return tuple(e.value for e in node.elts)  # type: ignore[union-attr]
+        if isinstance(node, (ast.Tuple, ast.List)):
+            ints = literal_values(node.elts, int)
+            if ints:
+                return ints
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reshape":
             args = node.args[0].elts if len(node.args) == 1 and isinstance(node.args[0], ast.Tuple) else node.args
-            if args and all(isinstance(a, ast.Constant) and isinstance(a.value, int) for a in args):
-                return tuple(a.value for a in args)  # type: ignore[union-attr]
+            ints = literal_values(args, int)
+            if ints:
+                return ints
     return None
+
+
+def literal_values(elements: list[ast.expr], kind: type[T]) -> tuple[T, ...] | None:
+    """The values of ``elements`` when every one is a literal of ``kind`` (and there is one), else None."""
+    values = [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, kind)]
+    return tuple(values) if elements and len(values) == len(elements) else None
 
 
 def _strings(node: ast.expr) -> tuple[str, ...] | None:
-    if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
-            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
-        return tuple(e.value for e in node.elts)  # type: ignore[union-attr]
-    return None
+    return literal_values(node.elts, str) if isinstance(node, (ast.Tuple, ast.List)) else None
 
 
 def program_mesh_axes(path: str | None, sizes: tuple[int, ...]) -> Names | None:

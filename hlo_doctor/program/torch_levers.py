@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hlo_doctor.findings import SourceEdit
-from hlo_doctor.rules._levers import Lever, calls_on
-from hlo_doctor.rules._program import call_name, parsed_program
-from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._spec_sites import AxesSite, axes_site, parse_spec_text, spec_site
-from hlo_doctor.rules._suggest import DimAxes, spec_tuple, torch_spec
+from hlo_doctor.program.levers import Lever, calls_on
+from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.source import call_name, parsed_program
+from hlo_doctor.program.spec_sites import AxesSite, axes_site, parse_spec_text, spec_site
+from hlo_doctor.program.suggest import DimAxes, spec_tuple, torch_spec
 
 __all__ = ["torch_input_marks"]
 

@@ -28,10 +28,10 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from hlo_doctor.findings import SourceEdit
-from hlo_doctor.rules._levers import Lever
-from hlo_doctor.rules._program import parsed_program
-from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._suggest import DimAxes, torch_spec
+from hlo_doctor.program.levers import Lever
+from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.source import parsed_program
+from hlo_doctor.program.suggest import DimAxes, torch_spec
 
 __all__ = ["HOOK_FUNCTION", "forward_hook_lever", "module_expression"]
 

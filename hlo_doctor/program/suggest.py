@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hlo_doctor.findings import SourceEdit
-from hlo_doctor.rules._program import call_name, parsed_program
+from hlo_doctor.program.source import call_name, parsed_program
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
 
@@ -116,7 +116,7 @@ def _target_name(target: ast.expr) -> str | None:
 def assigned_name(path: str | None, line: int | None) -> str | None:
     """The variable the statement on ``path``:``line`` assigns (``h`` of ``h = x @ w1.T + b1``), or None."""
     tree = parsed_program(path) if line else None
-    return _assignments(tree).get(line) if tree is not None else None
+    return _assignments(tree).get(line) if tree is not None and line is not None else None
 
 
 def rename_value(code: str | None, placeholder: str, name: str) -> str | None:

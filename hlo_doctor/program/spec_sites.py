@@ -23,7 +23,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hlo_doctor.rules._program import call_name, parsed_program, program_text
+from hlo_doctor.program.source import call_name, literal_values, parsed_program, program_text
 
 __all__ = ["AxesSite", "SpecSite", "axes_site", "parameter_axes_site", "parameter_spec_site", "parse_spec_text",
            "spec_site"]
@@ -86,9 +86,8 @@ def _literal_spec(nodes: list[ast.expr]) -> Spec | None:
             spec.append(None)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             spec.append((node.value,))
-        elif isinstance(node, (ast.Tuple, ast.List)) and all(
-                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
-            spec.append(tuple(e.value for e in node.elts))  # type: ignore[union-attr]
+        elif isinstance(node, (ast.Tuple, ast.List)) and (node.elts == [] or literal_values(node.elts, str)):
+            spec.append(literal_values(node.elts, str) or ())
         else:
             return None
     return tuple(spec)
@@ -278,8 +277,9 @@ def _read_only_as_entry(tree: ast.Module, variable: str, dim: int) -> bool:
     for node in ast.walk(tree):
         items = node.args if isinstance(node, ast.Call) and call_name(node) in _SPEC_CALLS else \
             node.elts if isinstance(node, ast.Tuple) else None
-        if items is not None and dim < len(items) and isinstance(items[dim], ast.Name) and items[dim].id == variable:
-            entries.add(id(items[dim]))
+        item = items[dim] if items is not None and dim < len(items) else None
+        if isinstance(item, ast.Name) and item.id == variable:
+            entries.add(id(item))
     reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == variable and isinstance(n.ctx, ast.Load)]
     return bool(reads) and all(id(n) in entries for n in reads)
 

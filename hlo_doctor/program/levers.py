@@ -11,8 +11,8 @@ line. The runner's record and the program's source say where:
   fix is a key.
 * Flax NNX: a parameter made without ``nnx.with_partitioning`` metadata.
 * torch_xla: the model's inputs and FSDPv2's ``shard_output``
-  (:mod:`hlo_doctor.rules._torch_levers`), and a forward hook on a library module
-  (:mod:`hlo_doctor.rules._module_hooks`).
+  (:mod:`hlo_doctor.program.torch_levers`), and a forward hook on a library module
+  (:mod:`hlo_doctor.program.module_hooks`).
 * JAX: the traced function's own argument, constrained where the function starts.
 
 Each function returns the :class:`~hlo_doctor.findings.SourceEdit` records and the
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hlo_doctor.findings import SourceEdit, SourceRef
-from hlo_doctor.rules._program import call_name, parsed_program, program_text
-from hlo_doctor.rules._records import record_entries, user_line
-from hlo_doctor.rules._spec_sites import parameter_spec_site, parse_spec_text, spec_site
-from hlo_doctor.rules._suggest import DimAxes, jax_spec, spec_tuple, torch_spec
+from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.source import call_name, parsed_program, program_text
+from hlo_doctor.program.spec_sites import parameter_spec_site, parse_spec_text, spec_site
+from hlo_doctor.program.suggest import DimAxes, jax_spec, spec_tuple, torch_spec
 
 __all__ = [
     "Lever",
@@ -113,7 +113,9 @@ def flax_logical_rule(record: Mapping[str, Any] | None, source_file: str | None,
         return None
 
     def axes_of(value: object) -> tuple[str, ...]:
-        return (value,) if isinstance(value, str) else tuple(v for v in value or () if isinstance(v, str))
+        if isinstance(value, str):
+            return (value,)
+        return tuple(v for v in value if isinstance(v, str)) if isinstance(value, (list, tuple)) else ()
 
     index = next((i for i, (name, _) in enumerate(rules) if name == batch_name), None)
     # the logical names an array constrained with the batch name also carries (on any line)
@@ -187,10 +189,11 @@ def _logical_names(tree: ast.Module, line: int, target: str) -> tuple[str | None
 
 
 def _enclosing_function(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    best = None
+    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
     for node in ast.walk(tree):
-        inside = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-            node.lineno <= line <= (node.end_lineno or node.lineno)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        inside = node.lineno <= line <= (node.end_lineno or node.lineno)
         if inside and (best is None or node.lineno > best.lineno):
             best = node
     return best
@@ -461,7 +464,7 @@ def mesh_construction_rewritten(source_file: str | None, line: int | None,
     elif details.get("device_order") == "host-major" and "shape" in details:
         base = shape.value if isinstance(shape, ast.Attribute) and shape.attr == "T" else None
         reshape = _reshape(base) if base is not None else None
-        if reshape is None:
+        if base is None or reshape is None:
             return None
         reshape.args = [ast.Constant(int(v)) for v in details["shape"]]
         new.args[shape_at] = base
