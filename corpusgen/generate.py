@@ -12,18 +12,30 @@ checks find nothing). Each kept program is a folder::
 Programs compile in parallel, one process per core (``--jobs``). With
 ``--framework torch_xla`` the programs are ``nn.Module`` steps under torch_xla
 SPMD, each run in a fresh process through the runner (:mod:`corpusgen.torch_generate`).
+
+With ``--target h100:2x8`` or ``--target v5e:4x4`` (the runner's deviceless targets, which
+need the ``gpu-target`` / ``tpu-target`` extras) every program is drawn for the target's 16
+devices and hosts and compiled deviceless for it, as a user compiles with
+``jax.experimental.topologies`` and ``XLA_FLAGS``: the dump is the scheduled GPU module (async
+collectives) or the TPU one (its own pass names, windowed einsums, chip-grid hosts). The mesh is
+laid over the target's devices host by host, so position ``p`` of the layout is on host
+``p // devices_per_host`` (on a TPU a host is a block of the chip grid, not a run of ids).
+Deviceless compiles report no FLOPs, so the redundancy check compiles the same program on 16 CPU
+devices too (same propagation and partitioner); the truth says so (``flops.source``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import multiprocessing
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +45,12 @@ if __package__ in (None, ""):
 from corpusgen.hlo_walk import parse_module
 from corpusgen.oracle import label_collectives
 from corpusgen.programs import PATHOLOGIES, ProgramSpec, build, device_layout, ffn_size, random_spec
+from hlo_doctor.runner.targets import parse_target, target_devices
+from hlo_doctor.runner.trim import trim_dump
 
 MAX_DEVICES = 16
+# Deviceless targets of 16 devices: two hosts of 8 H100s, and a v5e 4x4 slice (four hosts of 2x2 chips).
+TARGETS = ("h100:2x8", "v5e:4x4")
 DUMP_PASSES = "spmd|propagation"
 # A clean program's redundant work must stay under this (per-device FLOPs x devices / unsharded FLOPs).
 CLEAN_MAX_RATIO = 1.35
@@ -44,9 +60,10 @@ FAST_BACKEND = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 
 
 _SCRATCH: list[Path] = []
+_TARGET: list[str] = []  # the deviceless target of this worker, if any
 
 
-def _init_worker(out: str) -> None:
+def _init_worker(out: str, target: str | None = None) -> None:
     """Set up a compiling process: CPU devices, and XLA_FLAGS dumping to a scratch folder of its own.
 
     The dump flags go through ``XLA_FLAGS``, as a user sets them, so the dump is a plain one with
@@ -57,6 +74,7 @@ def _init_worker(out: str) -> None:
     _remove(scratch)
     scratch.mkdir(parents=True)
     _SCRATCH[:] = [scratch]
+    _TARGET[:] = [target] if target else []
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     flags = os.environ.get("XLA_FLAGS", "")
@@ -65,27 +83,62 @@ def _init_worker(out: str) -> None:
 
 
 def _compile(spec: ProgramSpec, dump: Path | None) -> dict[str, Any]:
+    """Compile ``spec`` (for this worker's target, if any), moving the dump's files into ``dump``."""
+    import jax
+
+    if _TARGET:
+        result = _compile_cpu(spec, None)  # the FLOPs: a deviceless compile reports none
+        fn, args, registry = build(spec, target_layout(_TARGET[0])[: spec.devices])
+        with _collect(dump):
+            jax.jit(fn).lower(*args).compile()
+        if dump is not None:
+            trim_dump(dump)
+        return {**result, "registry": registry, "flops_source": "cpu"}
+    return _compile_cpu(spec, dump)
+
+
+def _compile_cpu(spec: ProgramSpec, dump: Path | None) -> dict[str, Any]:
     import jax
 
     fn, args, registry = build(spec, jax.devices()[: spec.devices])
     lowered = jax.jit(fn).lower(*args)
     total = float(lowered.cost_analysis()["flops"])
+    with _collect(dump):
+        compiled = lowered.compile(compiler_options=dict(FAST_BACKEND))
+    per_device = float(compiled.cost_analysis()["flops"])
+    return {"registry": registry, "flops_unsharded": total, "flops_per_device": per_device,
+            "redundancy": per_device * spec.devices / total if total else 1.0, "flops_source": "compile"}
+
+
+@contextlib.contextmanager
+def _collect(dump: Path | None) -> Iterator[None]:
+    """Move the files XLA dumps inside the block from the scratch folder to ``dump`` (None: drop them)."""
     scratch = _SCRATCH[0]
     before = set(os.listdir(scratch))
-    compiled = lowered.compile(compiler_options=dict(FAST_BACKEND))
+    yield
     for name in sorted(set(os.listdir(scratch)) - before):
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             (scratch / name).rename(dump / name)
         else:
             _remove(scratch / name) if (scratch / name).is_dir() else (scratch / name).unlink()
-    per_device = float(compiled.cost_analysis()["flops"])
-    return {"registry": registry, "flops_unsharded": total, "flops_per_device": per_device,
-            "redundancy": per_device * spec.devices / total if total else 1.0}
+
+
+def target_layout(target: str) -> list[Any]:
+    """The deviceless devices of ``target``, host by host (then by id): position ``p`` is on host
+    ``p // devices_per_host``."""
+    devices = target_devices(target)
+    return sorted(devices, key=lambda d: (int(d.process_index), int(d.id)))
+
+
+def target_hosts(target: str) -> tuple[int, int]:
+    """``(devices, hosts)`` of a deviceless target."""
+    parsed = parse_target(target)
+    return parsed.device_count, parsed.device_count // parsed.devices_per_host
 
 
 def partitioned_text(dump: Path) -> str:
-    files = sorted(dump.glob("*after_spmd-partitioning*.txt"))
+    files = sorted(dump.glob("*after_spmd-partitioning*.txt")) or sorted(dump.glob("*after_tpu-spmd-partitioning*.txt"))
     if not files:
         raise RuntimeError(f"no partitioned module in {dump}")
     return files[0].read_text()
@@ -203,9 +256,12 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
     truth = {
         "schema_version": TRUTH_SCHEMA,
         "framework": getattr(spec, "framework", "jax"),
-        "target": None,
+        "target": _TARGET[0] if _TARGET else None,
         "spec": spec.as_json(),
         "devices_per_host": spec.devices_per_host,
+        # what a user would pass to ``analyze``: a TPU dump's topology says where its hosts are
+        "analyze_devices_per_host": None if _TARGET and parse_target(_TARGET[0]).platform == "tpu"
+        else spec.devices_per_host,
         "axis_roles": {a.name: a.role for a in spec.axes},
         "registry": result["registry"],
         "pathology": pathology,
@@ -214,7 +270,8 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
         "allowed_rules": allowed,
         "effect": evidence,
         "twin": twin,
-        "flops": {k: result[k] for k in ("flops_unsharded", "flops_per_device", "redundancy")},
+        "flops": {k: result[k] for k in ("flops_unsharded", "flops_per_device", "redundancy")}
+        | {"source": result.get("flops_source", "compile")},
         "collectives": collectives,
         "rejected": rejected,
     }
@@ -222,10 +279,16 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
 
 
 def generate_pair(args: tuple[int, int, str, str | None]) -> dict[str, Any]:
-    """Pair ``index`` of JAX programs (see :func:`draw_pair`)."""
+    """Pair ``index`` of JAX programs (see :func:`draw_pair`), for this worker's target if any."""
     index, base_seed, out, forced = args
-    return draw_pair(index, base_seed, Path(out), forced, draw=random_spec, twin=_twin, compile=_compile_labelled,
-                     effect=check_effect, attempts=5)
+    draw: Callable[..., Any] = random_spec
+    prefix = ""
+    if _TARGET:
+        devices, hosts = target_hosts(_TARGET[0])
+        draw = functools.partial(random_spec, devices=devices, hosts=hosts)
+        prefix = _TARGET[0].split(":")[0] + "-"
+    return draw_pair(index, base_seed, Path(out), forced, draw=draw, twin=_twin, compile=_compile_labelled,
+                     effect=check_effect, attempts=5, prefix=prefix)
 
 
 def draw_pair(index: int, base_seed: int, out_dir: Path, forced: str | None, *, draw: Callable[..., Any],
@@ -299,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=list(PATHOLOGIES), help="inject only this pathology")
     parser.add_argument("--framework", choices=("jax", "torch_xla"), default="jax",
                         help="torch_xla: nn.Module programs under torch_xla SPMD (corpusgen/torch_generate.py)")
+    parser.add_argument("--target", choices=TARGETS,
+                        help="compile deviceless for this 16-device GPU or TPU target (JAX only)")
     options = parser.parse_args(argv)
+    if options.target and options.framework != "jax":
+        parser.error("--target compiles JAX programs only")
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     pairs = -(-options.n // 2)
@@ -313,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
 
         pair, initializer, initargs = generate_torch_pair, None, ()
     else:
-        pair, initializer, initargs = generate_pair, _init_worker, (str(out),)
+        pair, initializer, initargs = generate_pair, _init_worker, (str(out), options.target)
     with context.Pool(options.jobs, initializer=initializer, initargs=initargs, maxtasksperchild=25) as pool:
         for summary in pool.imap_unordered(pair, work):
             kept += len(summary["names"])

@@ -101,19 +101,21 @@ def _factorizations(n: int, parts: int) -> list[list[int]]:
     return out
 
 
-def random_spec(seed: int, injection: str | None = "random") -> ProgramSpec:
+def random_spec(seed: int, injection: str | None = "random", *, devices: int | None = None,
+                hosts: int | None = None) -> ProgramSpec:
     """A spec drawn from ``seed``. ``injection``: a pathology name, None (clean), "random" (any or
-    none) or "any" (one of the pathologies)."""
+    none) or "any" (one of the pathologies). ``devices`` and ``hosts``: fixed by a target, else drawn."""
     rng = random.Random(seed)
     for _ in range(200):
-        spec = _draw(rng, seed, injection)
+        spec = _draw(rng, seed, injection, devices, hosts)
         if spec is not None:
             return spec
     raise RuntimeError(f"no legal spec for seed {seed} and injection {injection!r}")
 
 
-def _draw(rng: random.Random, seed: int, injection: str | None) -> ProgramSpec | None:
-    devices = rng.choice((4, 8, 8, 16))
+def _draw(rng: random.Random, seed: int, injection: str | None, fixed_devices: int | None = None,
+          fixed_hosts: int | None = None) -> ProgramSpec | None:
+    devices = fixed_devices or rng.choice((4, 8, 8, 16))
     parts = rng.choice((1, 2, 2, 3))
     shapes = _factorizations(devices, parts)
     if not shapes:
@@ -128,7 +130,7 @@ def _draw(rng: random.Random, seed: int, injection: str | None) -> ProgramSpec |
         injection = rng.choice((None, None, *PATHOLOGIES))
     elif injection == "any":
         injection = rng.choice(tuple(PATHOLOGIES))
-    hosts = rng.choice([h for h in (1, 2, 4) if devices // h >= 2])
+    hosts = fixed_hosts or rng.choice([h for h in (1, 2, 4) if devices // h >= 2])
     tensor = [a for a in axes if a.role == "tensor"]
     # Physical order: tensor axes minor (inside a host), the rest shuffled.
     others = [a.name for a in axes if a.role != "tensor"]

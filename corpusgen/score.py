@@ -113,7 +113,7 @@ def score_program(folder: Path) -> ProgramScore:
 
     truth = json.loads((folder / "truth.json").read_text())
     dump = folder / "dump"
-    per_host = truth.get("devices_per_host")
+    per_host = truth.get("analyze_devices_per_host", truth.get("devices_per_host"))
     report = analyze_dump(dump, devices_per_host=per_host)
     found = sorted({f.rule for f in report.findings if str(getattr(f.severity, "value", f.severity)) in
                     WARNING_SEVERITIES})

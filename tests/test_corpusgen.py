@@ -233,3 +233,46 @@ def test_a_fixed_seed_torch_xla_sample_scores_with_no_unreviewed_disagreement(tm
     assert summary.startswith("corpus: roles "), scored.stdout[-3000:] + scored.stderr[-3000:]
     assert scored.returncode == 0, "\n".join(
         line for line in scored.stdout.splitlines() if line.startswith("  ") and "known:" not in line)[-6000:]
+
+
+# -- deviceless targets ---------------------------------------------------------------------------
+
+_ONE_TARGET_PROGRAM = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from corpusgen import generate
+target, out = {target!r}, Path({out!r})
+generate._init_worker(str(out), target)
+devices, hosts = generate.target_hosts(target)
+spec = generate.random_spec({seed}, None, devices=devices, hosts=hosts)
+result, _, collectives = generate._compile_labelled(spec, out / "program" / "dump")
+generate._write(out / "program", spec, result, collectives, None, "", [], None)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "extra", "optimized"), [
+    ("h100:2x8", "jax_plugins.xla_cuda12", "*gpu_after_optimizations.txt"),
+    ("v5e:4x4", "libtpu", "*.after_optimizations.txt"),
+])
+def test_a_deviceless_target_program_is_a_plain_dump_whose_roles_the_analysis_agrees_with(
+        tmp_path, target, extra, optimized):
+    if importlib.util.find_spec("jax") is None or importlib.util.find_spec(extra.split(".")[0]) is None:
+        pytest.skip(f"needs jax and {extra} (the gpu-target / tpu-target extras)")
+    script = _ONE_TARGET_PROGRAM.format(root=str(ROOT), target=target, out=str(tmp_path), seed=5)
+    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    folder = tmp_path / "program"
+    truth = __import__("json").loads((folder / "truth.json").read_text())
+    assert truth["target"] == target and truth["flops"]["source"] == "cpu"
+    dump = folder / "dump"
+    assert not list(dump.rglob("hlo_doctor_run.json")), "a plain dump: no runner record"
+    (module,) = list(dump.glob(optimized))
+    assert "is_scheduled=true" in module.read_text().split("\n", 1)[0]
+    assert truth["collectives"], "the oracle labelled the target's partitioned module"
+    from corpusgen.score import score_program
+
+    score = score_program(folder)
+    roles = [d for d in score.disagreements if d.kind == "role"]
+    assert score.roles_agreed == score.roles_total and not roles, [d.line() for d in roles]

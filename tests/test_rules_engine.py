@@ -275,8 +275,9 @@ def test_sync_collective_flag_without_work_to_hide_is_silent(tmp_path):
 
 
 def test_sync_collective_small_elementwise_work_does_not_count(tmp_path):
-    # 4 KiB of independent elementwise work cannot hide a 16 MiB all-gather
-    body = _SYNC.replace("SYNC", "true").replace("%p1 = f32[1024,1024]{1,0} parameter(1)",
+    # 4 KiB of independent elementwise work cannot hide a 16 MiB all-gather (the pair is merely
+    # adjacent, not is_sync: with is_sync, elementwise work never counts, see the next test)
+    body = _SYNC.replace("SYNC", "false").replace("%p1 = f32[1024,1024]{1,0} parameter(1)",
                                                  "%p1 = f32[32,32]{1,0} parameter(1)").replace(
         "%dot = f32[1024,1024]{1,0} dot(%p1, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
         "%dot = f32[32,32]{1,0} exponential(%p1)").replace(
@@ -285,6 +286,17 @@ def test_sync_collective_small_elementwise_work_does_not_count(tmp_path):
     assert analyze_dump(dump, select=["sync-collective"]).findings == ()
     report = analyze_dump(dump, select=["sync-collective"],
                           rule_options={"sync-collective": {"min_work_fraction": 0.0}})
+    assert [f.instruction for f in report.findings] == ["ag-start"]
+
+
+def test_sync_collective_xla_is_sync_needs_a_matmul_or_loop(tmp_path):
+    # Hand-written: XLA made the all-gather synchronous itself (no flag); the independent work is
+    # a 4 MiB elementwise op, bytes enough for the threshold but no matmul or loop, as around the
+    # small steps of deviceless H100 compiles. XLA's choice stands. The same work beside a pair XLA
+    # merely left adjacent (no is_sync) is flagged.
+    body = _SYNC.replace("dot(%p1, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}", "exponential(%p1)")
+    assert analyze_dump(_gpu_dump(tmp_path, body.replace("SYNC", "true")), select=["sync-collective"]).findings == ()
+    report = analyze_dump(_gpu_dump(tmp_path, body.replace("SYNC", "false")), select=["sync-collective"])
     assert [f.instruction for f in report.findings] == ["ag-start"]
 
 
