@@ -187,3 +187,24 @@ def test_the_patch_of_a_plain_jax_dump_recompiles_clean(tmp_path, monkeypatch):
                       devices=4).dump_dir
     assert [f.rule for f in analyze_dump(plain, select=builtin_rule_ids()).findings] == ["non-batch-dim-sharding"]
     assert not analyze_dump(dump, select=builtin_rule_ids()).findings
+
+
+def test_a_replicated_weights_placement_is_found_in_the_source(tmp_path):
+    """Hand-written program: the P() a weight is placed with, by device_put (one of several
+    placements of that name) or by its entry of jit's in_shardings; two sites: no guess."""
+    from hlo_doctor.program.spec_sites import parameter_spec_site
+
+    program = tmp_path / "train.py"
+    head = ("import jax\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
+            "mesh = jax.make_mesh((4,), ('fsdp',))\nfsdp = NamedSharding(mesh, P('fsdp', None))\n"
+            "def step(x, w1, w2):\n    return (x @ w1) @ w2\n"
+            "w1 = jax.device_put(w1, fsdp)\nw2 = jax.device_put(w2, fsdp)\n")
+    program.write_text(head + "w2 = jax.device_put(w2, NamedSharding(mesh, P()))\n")
+    site = parameter_spec_site(str(program), "w2", ())
+    assert (site.line, site.text) == (9, "P()")
+    program.write_text(head + "jitted = jax.jit(step, in_shardings=(fsdp, fsdp, NamedSharding(mesh, P())))\n")
+    site = parameter_spec_site(str(program), "w2", (), "step")
+    assert (site.line, site.text) == (9, "P()") and parameter_spec_site(str(program), "x", (), "step") is None
+    program.write_text(head + "w2 = jax.device_put(w2, NamedSharding(mesh, P()))\n"
+                       "jitted = jax.jit(step, in_shardings=(fsdp, fsdp, NamedSharding(mesh, P())))\n")
+    assert parameter_spec_site(str(program), "w2", (), "step") is None  # two places replicate it

@@ -154,8 +154,12 @@ def _free_names(tree: ast.Module) -> list[ast.Name]:
                 local |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             inner |= {id(n) for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in local}
     own = _own_names(tree)
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in inner and n.id not in own
+    free = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in inner and n.id not in own
             and n.id.strip("_")]
+    # A name only assigned (``mesh = jax.make_mesh(...)``, a keyword fragment ``kernel_init=...``)
+    # defines what it names; a name read (``h = wsc(h, ...)``) must be the program's.
+    read = {n.id for n in free if not isinstance(n.ctx, ast.Store)}
+    return [n for n in free if n.id in read]
 
 
 def code_names(code: str) -> tuple[set[str], set[str]] | None:
