@@ -240,8 +240,8 @@ def _axes_renamed(finding: Any, names: Mapping[str, str]) -> Any:
 
     def text(value: str | None) -> str | None:
         for old, new in names.items():
-            value = re.sub(rf"(['\"]){re.escape(old)}\1", lambda m, new=new: f"{m.group(1)}{new}{m.group(1)}",
-                           value) if value else value
+            if value:
+                value = re.sub(rf"(['\"]){re.escape(old)}\1", rf"\g<1>{new}\g<1>", value)
         return value
 
     def spec(value: Any) -> Any:

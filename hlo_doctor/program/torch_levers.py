@@ -68,11 +68,12 @@ def torch_static_marks(path: str | None, dims: Sequence[DimAxes], current: Seque
         return None
     where = (path, call.lineno)
     old: tuple = (tuple(current) if current else None, *([None] * (len(dims) - 1)))
-    marked = {} if not current else {
-        node.args[0].id: (node.lineno, old) for node in sorted(
-            (c for c in ast.walk(tree) if isinstance(c, ast.Call) and call_name(c) == "mark_sharding"
-             and c.lineno < call.lineno and c.args and isinstance(c.args[0], ast.Name) and c.args[0].id in names),
-            key=lambda c: -c.lineno)}  # the latest mark before the call, per variable
+    marked: dict[str, tuple[int, tuple]] = {}
+    for node in sorted((c for c in ast.walk(tree) if isinstance(c, ast.Call) and call_name(c) == "mark_sharding"
+                        and c.lineno < call.lineno), key=lambda c: c.lineno):
+        first = node.args[0] if node.args else None
+        if current and isinstance(first, ast.Name) and first.id in names:
+            marked[first.id] = (node.lineno, old)  # the latest mark before the call, per variable
     return _marks_lever(tree, where, names, marked, True, dims)
 
 
