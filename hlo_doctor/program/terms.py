@@ -285,12 +285,14 @@ def in_program_terms(finding: Any, programs: Iterable[str | None], positional_ax
             edits, no_edit = kept, no_edit or ("the dump names no mesh axes and the program's mesh construction "
                                                "does not name them: write your mesh's axis names in the code")
     renames: dict[str, str] = {}
-    for code in (jax_code, torch_code):
+    spoken: dict[str, set[str]] = {}  # name -> the frameworks whose code uses it
+    for label, code in (("JAX", jax_code), ("torch_xla", torch_code)):
         read = code_names(code) if code else None
         if read is None:
             continue
         used, meshes = read
         for name in sorted(used - FRAMEWORK_NAMES - (known or frozenset())):
+            spoken.setdefault(name, set()).add(label)
             if name in meshes or "mesh" in name.lower():
                 renames.setdefault(name, "<mesh>")
             elif name in ("model", "module", "layer"):
@@ -301,12 +303,19 @@ def in_program_terms(finding: Any, programs: Iterable[str | None], positional_ax
     values = sorted(n for n, p in renames.items() if p != "<mesh>")
     if values:
         where = "the program could not be read" if known is None else "the program has no such name"
-        missing.append(f"the variable ({', '.join(values)}: {where}; written "
+        missing.append(f"the variable{_in_code(spoken, values)} ({', '.join(values)}: {where}; written "
                        f"{', '.join(dict.fromkeys(renames[n] for n in values))})")
-    if any(p == "<mesh>" for p in renames.values()):
-        missing.append("the mesh variable (written <mesh>)")
+    meshes_renamed = [n for n, p in renames.items() if p == "<mesh>"]
+    if meshes_renamed:
+        missing.append(f"the mesh variable{_in_code(spoken, meshes_renamed)} (written <mesh>)")
     if not missing:
         return finding
     summary = suggestion.summary + " Not known from the program: " + "; ".join(missing) + "."
     return dataclasses.replace(finding, suggestion=dataclasses.replace(
         suggestion, summary=summary, jax=jax_code, torch_xla=torch_code, edits=edits, no_edit=no_edit))
+
+
+def _in_code(spoken: Mapping[str, set[str]], names: Sequence[str]) -> str:
+    """`` of the JAX code`` when only one framework's code uses ``names`` (the other's is the program's)."""
+    frameworks = set().union(*(spoken.get(n, set()) for n in names))
+    return f" of the {frameworks.pop()} code" if len(frameworks) == 1 else ""
