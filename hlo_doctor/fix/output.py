@@ -119,6 +119,9 @@ def verification_to_dict(result: Verification, *, exit_code: int) -> dict[str, A
         "diff": _diff(result.plan),
         "edits": [_edit_dict(e) for e in result.plan.applied],
         "refused": [_refusal_dict(r) for r in result.plan.refused],
+        "refused_outcomes": [
+            {"rule": o.finding.rule, "fingerprint": o.finding.fingerprint, "where": _where(o.finding),
+             "status": o.status, "matched_by": o.matched_by} for o in result.unedited],
         "environment": [{"rule": c.finding.rule, "fingerprint": c.finding.fingerprint, "where": _where(c.finding),
                          "remove_from_xla_flags": c.flag} for c in result.environment],
         "targeted": [
@@ -161,8 +164,12 @@ def verification_text(result: Verification) -> str:
     for change in result.environment:
         lines.append(f"  environment: {_here(change.finding)}: {change.finding.rule}: remove {change.flag} from "
                      "XLA_FLAGS (set outside the program: the copy was recompiled without it; the change is yours)")
+    gone_anyway = {id(o.finding) for o in result.went_with_cause}
     for refusal in result.plan.refused:
         lines.append(f"  no safe edit: {_here(refusal.finding)}: {refusal.finding.rule}: {refusal.reason}")
+        if id(refusal.finding) in gone_anyway:
+            lines.append(f"    gone with its cause: {refusal.finding.rule} at {_here(refusal.finding)} went with "
+                         "the other edits (a symptom of what they fixed)")
     for problem in result.problems:
         lines.append(f"  not verified: {problem}")
     if result.after is not None:
@@ -191,6 +198,9 @@ def verification_text(result: Verification) -> str:
     elif after is not None:
         lines.append("  no gather can overlap: every gather waits on the step's compute")
     verdict = "verified: every targeted finding is gone and no new warning appeared" if result.ok else "not verified"
+    if result.ok and result.went_with_cause:
+        verdict = ("verified: every targeted finding is gone, those without a safe edit went with their cause, "
+                   "and no new warning appeared")
     if not result.plan.applied and not result.plan.refused and not result.environment:
         verdict = "nothing to fix"
     lines.append(verdict)

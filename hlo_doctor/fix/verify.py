@@ -19,8 +19,9 @@ each patched file's :class:`~hlo_doctor.gate.matching.LineMap` (its text before 
 ``xla-flag`` fix whose flag is not in the program's source but in the ``XLA_FLAGS`` it was run
 with is an environment change: the copy is recompiled without the flag (the report says the
 change is the user's to make; ``--write`` cannot make it). The verification passes when every
-finding that got an edit is gone, no new finding of severity warning or error appeared, and no
-finding was refused.
+finding that got an edit is gone, no new finding of severity warning or error appeared, and every
+finding that got no safe edit is gone too: a symptom that went with its cause (the patch of
+another finding removed it) counts as fixed, and the report says so.
 
 Bytes are collective bytes per device per step, summed over the modules, by role and split
 into the critical path and prefetchable (:mod:`hlo_doctor.semantics.critical_path`).
@@ -117,6 +118,14 @@ class Verification:
     environment: tuple[EnvironmentChange, ...] = ()
     """flags the fix takes out of ``XLA_FLAGS`` set outside the program: the copy recompiled
     without them (``--write`` cannot make that change: it is the user's)"""
+    unedited: tuple[FindingOutcome, ...] = ()
+    """the findings that got no safe edit, gone or still there after the others' edits (gone: a
+    symptom that went with its cause)"""
+
+    @property
+    def went_with_cause(self) -> tuple[FindingOutcome, ...]:
+        """The findings without a safe edit that the other edits removed."""
+        return tuple(o for o in self.unedited if o.status == "gone")
 
     @property
     def new_warnings(self) -> tuple[Finding, ...]:
@@ -124,15 +133,17 @@ class Verification:
 
     @property
     def ok(self) -> bool:
-        """Nothing refused, the loop closed, every targeted finding gone and no new warning.
+        """The loop closed, every targeted finding gone, no new warning, and every finding
+        without a safe edit gone with the others' edits.
 
         A program with no finding to fix (none found, or none selected) is ok: nothing to do.
         """
-        if self.plan.refused or self.problems:
+        if self.problems:
             return False
         if not self.plan.applied and not self.environment:
-            return True
-        return (self.after is not None and all(o.status == "gone" for o in self.targeted)
+            return not self.plan.refused
+        refused_gone = len(self.went_with_cause) == len(self.plan.refused) == len(self.unedited)
+        return (self.after is not None and refused_gone and all(o.status == "gone" for o in self.targeted)
                 and not self.new_warnings)
 
 
@@ -202,6 +213,7 @@ def verify_fix(
         outcomes, new = match_findings(before_report.findings, result.after.findings, maps)
         result.targeted = tuple(o for o in outcomes if any(o.finding is t for t in targets))
         result.new = new
+        result.unedited = _unedited(result, maps)
         for round_number in range(2, rounds + 1):
             if not _next_round(result, script, program, copy, args, dumps / f"after-{round_number}", run,
                                options, scratch / "overlay", round_number):
@@ -253,7 +265,18 @@ def _next_round(result: Verification, script: Path, program: str, copy: Path, ar
     result.targeted = outcomes + follow_outcomes
     result.new = new
     result.after, result.after_traffic = after, traffic
+    result.unedited = _unedited(result, _line_maps(result.plan, program, copy))
     return True
+
+
+def _unedited(result: Verification, maps: Mapping[str, tuple[str, LineMap]]) -> tuple[FindingOutcome, ...]:
+    """Each finding the plan refused (no safe edit), gone or still there in the last recompile,
+    matched as the targeted ones are."""
+    refused = _unique(r.finding for r in result.plan.refused)
+    if result.after is None or not refused:
+        return ()
+    outcomes, _ = match_findings(refused, result.after.findings, maps)
+    return tuple(outcomes)
 
 
 def _environment_changes(plan: Any, xla_flags: str) -> tuple[EnvironmentChange, ...]:

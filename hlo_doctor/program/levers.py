@@ -399,12 +399,14 @@ def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | 
     return Lever(summary, code, (edit,))
 
 
-def parameter_respec(program: str | None, argument: str, dims: Sequence[DimAxes], framework: str | None) -> Lever | None:
+def parameter_respec(program: str | None, argument: str, dims: Sequence[DimAxes], framework: str | None,
+                     function: str | None = None) -> Lever | None:
     """The replicated spec the program writes for the JAX argument ``argument`` (its
-    ``jax.ShapeDtypeStruct(..., sharding=...)`` or ``jax.device_put``), written sharded instead."""
+    ``jax.ShapeDtypeStruct(..., sharding=...)``, ``jax.device_put`` or its entry of the traced
+    ``function``'s ``in_shardings``), written sharded instead."""
     if framework != "jax":
         return None
-    site = parameter_spec_site(program, argument, ())
+    site = parameter_spec_site(program, argument, (), function)
     if site is None or program is None:
         return None
     written = jax_spec(dims)
@@ -421,6 +423,22 @@ def parameter_respec(program: str | None, argument: str, dims: Sequence[DimAxes]
 # -- the program's mesh construction, rewritten in its own style --------------------------
 
 _MESH_CALLS = {"Mesh": (0, 1), "make_mesh": (0, 1), "DeviceMesh": (0, 1), "HybridMesh": (None, None)}
+
+
+def mesh_construction_line(source_file: str | None, axis_names: Sequence[str]) -> int | None:
+    """The line of the one mesh construction of the program that names exactly ``axis_names`` (a
+    dump made without the runner: no record says where the mesh was built). None: none or several."""
+    tree = parsed_program(source_file)
+    if tree is None:
+        return None
+    lines = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or call_name(node) not in _MESH_CALLS:
+            continue
+        written = [k.value for k in node.keywords if k.arg in ("axis_names", "names")] + list(node.args)
+        if any(_strings(w) == tuple(axis_names) for w in written if isinstance(w, (ast.Tuple, ast.List))):
+            lines.add(node.lineno)
+    return lines.pop() if len(lines) == 1 else None
 
 
 def mesh_construction_rewritten(source_file: str | None, line: int | None,

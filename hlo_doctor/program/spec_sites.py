@@ -115,23 +115,62 @@ def _sharding_call(tree: ast.Module, line: int) -> ast.Call | None:
     return outer[0] if len(outer) == 1 else None
 
 
-def parameter_spec_site(path: str | None, name: str, old_spec: Spec) -> SpecSite | None:
+def parameter_spec_site(path: str | None, name: str, old_spec: Spec, function: str | None = None) -> SpecSite | None:
     """The one ``P(...)`` literal writing ``old_spec`` for the sharding of the argument ``name``: the
-    program's ``name = jax.ShapeDtypeStruct(..., sharding=...)`` or ``name = jax.device_put(x, ...)``."""
+    program's ``name = jax.ShapeDtypeStruct(..., sharding=...)`` or ``name = jax.device_put(x, ...)``
+    (any of them, when the program places it more than once), or, for the traced ``function``,
+    its entry of ``jax.jit(function, in_shardings=(...))`` (or of the decorator's)."""
     tree = parsed_program(path)
-    made = _argument_construction(tree, name) if tree is not None else None
-    argument = _sharding_argument(made.value) if made is not None else None  # type: ignore[arg-type]
-    if tree is None or made is None or argument is None:
+    if tree is None:
         return None
-    return _unique(tree, argument, made.lineno, old_spec, path)
+    candidates = [(made.lineno, argument) for made in _argument_constructions(tree, name)
+                  if (argument := _sharding_argument(made.value)) is not None]  # type: ignore[arg-type]
+    candidates += _in_shardings_entries(tree, function, name)
+    return _unique_of(tree, candidates, old_spec, path)
 
 
-def _argument_construction(tree: ast.Module, name: str) -> ast.Assign | None:
-    """The one ``name = jax.ShapeDtypeStruct(...)`` / ``name = jax.device_put(...)`` of the program."""
-    made = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+def _argument_constructions(tree: ast.Module, name: str) -> list[ast.Assign]:
+    """Every ``name = jax.ShapeDtypeStruct(...)`` / ``name = jax.device_put(...)`` of the program."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
             and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name
             and isinstance(n.value, ast.Call) and call_name(n.value) in ("ShapeDtypeStruct", "device_put")]
-    return made[0] if len(made) == 1 else None
+
+
+def _in_shardings_entries(tree: ast.Module, function: str | None, name: str) -> list[tuple[int, ast.expr]]:
+    """The entries for the argument ``name`` of ``function`` in the ``in_shardings`` tuples the
+    program jits it with (``jax.jit(function, in_shardings=...)``, ``@partial(jax.jit, in_shardings=...)``)."""
+    if not function:
+        return []
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
+    if len(defs) != 1:
+        return []
+    params = [a.arg for a in defs[0].args.posonlyargs + defs[0].args.args]
+    if name not in params:
+        return []
+    index = params.index(name)
+    calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and call_name(c) == "jit" and c.args
+             and isinstance(c.args[0], ast.Name) and c.args[0].id == function]
+    calls += [d for d in defs[0].decorator_list if isinstance(d, ast.Call)]
+    found = []
+    for call in calls:
+        given = next((k.value for k in call.keywords if k.arg == "in_shardings"), None)
+        if given is None:
+            continue
+        for line, value, _, _ in _possible_values(tree, given, call.lineno, 0):
+            if isinstance(value, (ast.Tuple, ast.List)) and index < len(value.elts) \
+                    and not isinstance(value.elts[index], ast.Starred):
+                found.append((line, value.elts[index]))
+    return found
+
+
+def _unique_of(tree: ast.Module, candidates: list[tuple[int, ast.expr]], old_spec: Spec,
+               path: str | None) -> SpecSite | None:
+    """The one spec literal writing ``old_spec`` that any of ``candidates`` (line, expression) may be."""
+    wanted = normalize(old_spec)
+    found: dict[tuple[int, int], ast.expr] = {}
+    for line, node in candidates:
+        found.update({(c.lineno, c.col_offset): c for c in _spec_literals(tree, node, line, 0)})
+    return _site(found, wanted, path)
 
 
 def _sharding_argument(call: ast.Call) -> ast.expr | None:
@@ -143,8 +182,10 @@ def _sharding_argument(call: ast.Call) -> ast.expr | None:
 
 
 def _unique(tree: ast.Module, node: ast.expr, line: int, old_spec: Spec, path: str | None) -> SpecSite | None:
-    wanted = normalize(old_spec)
-    found = {(c.lineno, c.col_offset): c for c in _spec_literals(tree, node, line, 0)}
+    return _unique_of(tree, [(line, node)], old_spec, path)
+
+
+def _site(found: dict[tuple[int, int], ast.expr], wanted: Spec, path: str | None) -> SpecSite | None:
     matches = [c for c in found.values() if (s := _written_spec(c)) is not None and normalize(s) == wanted]
     if len(matches) != 1 or path is None:
         return None
@@ -227,7 +268,8 @@ def parameter_axes_site(path: str | None, name: str, dim: int, old_axes: tuple[s
     """:func:`axes_site` for the sharding the program writes for the argument ``name`` (as
     :func:`parameter_spec_site` finds it)."""
     tree = parsed_program(path)
-    made = _argument_construction(tree, name) if tree is not None else None
+    constructions = _argument_constructions(tree, name) if tree is not None else []
+    made = constructions[0] if len(constructions) == 1 else None
     argument = _sharding_argument(made.value) if made is not None else None  # type: ignore[arg-type]
     if tree is None or made is None or argument is None:
         return None

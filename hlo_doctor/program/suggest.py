@@ -120,10 +120,11 @@ def assigned_name(path: str | None, line: int | None) -> str | None:
 
 
 def rename_value(code: str | None, placeholder: str, name: str) -> str | None:
-    """``code`` with the identifier ``placeholder`` written as ``name``."""
+    """``code`` with the identifier ``placeholder`` written as ``name`` (not an attribute, not a quoted axis)."""
     if code is None or placeholder == name:
         return code
-    return re.sub(rf"(?<![\w.]){re.escape(placeholder)}(?!\w)", name, code)
+    # not inside quotes: an axis may be spelled like the variable (P('x', None) constrains x)
+    return re.sub(rf"(?<![\w.'\"]){re.escape(placeholder)}(?![\w'\"])", lambda _: name, code)
 
 
 def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201 - a Finding
@@ -145,15 +146,16 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
             no_edit="the dump records no line of your code for this op, so there is no line to constrain it at"))
     name = assigned_name(source.file, source.line)
     mesh = mesh_expression(source.file, source.line)
-    if name is None:
-        note = f" (line {source.line} assigns no variable: bind its result to {placeholder} first)"
+    if name is None:  # the line names no value: the code says so with a placeholder, never a made-up name
+        note = f" (line {source.line} assigns no variable: bind its result to a variable and constrain that)"
         if note in suggestion.summary:
             return finding
         edits = tuple(e for e in suggestion.edits if not (e.kind == "constrain" and e.target == placeholder))
         no_edit = suggestion.no_edit
         if len(edits) < len(suggestion.edits):
             no_edit = f"line {source.line} assigns no variable to constrain"
-        jax_code, torch_code = suggestion.jax, suggestion.torch_xla
+        jax_code = rename_value(suggestion.jax, placeholder, "<activation>")
+        torch_code = rename_value(suggestion.torch_xla, placeholder, "<activation>")
         if mesh is not None and mesh != "mesh":
             jax_code, torch_code = rename_value(jax_code, "mesh", mesh), rename_value(torch_code, "mesh", mesh)
         return dataclasses.replace(finding, suggestion=dataclasses.replace(

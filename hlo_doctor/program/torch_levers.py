@@ -19,7 +19,7 @@ from hlo_doctor.program.source import call_name, parsed_program
 from hlo_doctor.program.spec_sites import AxesSite, axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import DimAxes, spec_tuple, torch_spec
 
-__all__ = ["torch_input_marks"]
+__all__ = ["torch_input_marks", "torch_static_marks"]
 
 
 _FSDPV2 = "SpmdFullyShardedDataParallel"
@@ -38,13 +38,55 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
     if where is None or tree is None:
         return None
     call = next((c for c in calls_on(tree, where[1]) if c.lineno == where[1]), None)
-    names = [a.id for a in (call.args if call else []) if isinstance(a, ast.Name)]
-    names += [k.value.id for k in (call.keywords if call else []) if isinstance(k.value, ast.Name)]
-    names = list(dict.fromkeys(names))
+    names = _tensor_arguments(call)
     if not names:
         return None
-    spec = spec_tuple(dims)
     marked = _earlier_marks(record, tree, where, names)
+    wrapped = any(str(c.get("module_class", "")).endswith(_FSDPV2) for c in calls)
+    return _marks_lever(tree, where, names, marked, wrapped, dims)
+
+
+def torch_static_marks(path: str | None, dims: Sequence[DimAxes], current: Sequence[str]) -> Lever | None:
+    """:func:`torch_input_marks` read from the program's source alone (a dump made without the
+    runner): the model is the variable an FSDPv2 wrapper is assigned to, its call the first call
+    of that variable after it, and the program's own marks of its inputs before that call are
+    taken to write the batch axes the dump shows today (``current``, major first)."""
+    tree = parsed_program(path)
+    if path is None or tree is None:
+        return None
+    wrapper_names = _imported_as(tree, _FSDPV2)
+    models = sorted((n.lineno, t.id) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                    and isinstance(n.value, ast.Call) and call_name(n.value) in wrapper_names
+                    for t in n.targets if isinstance(t, ast.Name))
+    if not models:
+        return None
+    made, model = models[-1]
+    call = min((c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                and c.func.id == model and c.lineno > made), key=lambda c: c.lineno, default=None)
+    names = _tensor_arguments(call)
+    if call is None or not names:
+        return None
+    where = (path, call.lineno)
+    old: tuple = (tuple(current) if current else None, *([None] * (len(dims) - 1)))
+    marked: dict[str, tuple[int, tuple]] = {}
+    for node in sorted((c for c in ast.walk(tree) if isinstance(c, ast.Call) and call_name(c) == "mark_sharding"
+                        and c.lineno < call.lineno), key=lambda c: c.lineno):
+        first = node.args[0] if node.args else None
+        if current and isinstance(first, ast.Name) and first.id in names:
+            marked[first.id] = (node.lineno, old)  # the latest mark before the call, per variable
+    return _marks_lever(tree, where, names, marked, True, dims)
+
+
+def _tensor_arguments(call: ast.Call | None) -> list[str]:
+    """The variables a model call passes, positional and keyword, in order."""
+    names = [a.id for a in (call.args if call else []) if isinstance(a, ast.Name)]
+    names += [k.value.id for k in (call.keywords if call else []) if isinstance(k.value, ast.Name)]
+    return list(dict.fromkeys(names))
+
+
+def _marks_lever(tree: ast.Module, where: tuple[str, int], names: Sequence[str],
+                 marked: Mapping[str, tuple[int, tuple]], wrapped: bool, dims: Sequence[DimAxes]) -> Lever:
+    spec = spec_tuple(dims)
     edits: list[SourceEdit] = []
     lines: list[str] = []
     unresolved = []
@@ -69,7 +111,6 @@ def torch_input_marks(record: Mapping[str, Any] | None, dims: Sequence[DimAxes])
         edits.append(SourceEdit("constrain", "torch_xla", target=n, spec=spec, file=where[0], line=where[1],
                                 details={"position": "before"}))
         lines.append(f"xs.mark_sharding({n}, mesh, {torch_spec(dims)})")
-    wrapped = any(str(c.get("module_class", "")).endswith(_FSDPV2) for c in calls)
     wrappers = _constructions(tree, _FSDPV2) if wrapped else []
     output_dims: list[DimAxes] = [dims[0], None, None]
     for line in wrappers:
@@ -135,8 +176,14 @@ def _earlier_marks(record: Mapping[str, Any] | None, tree: ast.Module, where: tu
 
 def _constructions(tree: ast.Module, class_name: str) -> list[int]:
     """The lines that call ``class_name`` under any name the program imports it as."""
+    names = _imported_as(tree, class_name)
+    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and call_name(n) in names})
+
+
+def _imported_as(tree: ast.Module, class_name: str) -> set[str]:
+    """``class_name`` and the names the program imports it as."""
     names = {class_name}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             names |= {a.asname for a in node.names if a.name == class_name and a.asname}
-    return sorted({n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and call_name(n) in names})
+    return names

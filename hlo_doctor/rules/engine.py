@@ -11,6 +11,8 @@ from hlo_doctor.errors import ShardingError, one_line
 from hlo_doctor.findings import Skip
 from hlo_doctor.fingerprint import with_fingerprint
 from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.program.terms import in_program_terms
+from hlo_doctor.rules._program_files import dump_program, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.registry import Registry
@@ -59,13 +61,25 @@ def run_rule(ctx: RuleContext, rule: Rule) -> tuple[list[Finding], Skip | None]:
     """One rule on ``ctx``: its findings (fingerprinted), or why it could not judge the module."""
     try:
         name = ctx.module.name
-        return [with_fingerprint(finding, name) for finding in rule.check(ctx)], None
+        return [with_fingerprint(in_terms(ctx, finding), name) for finding in rule.check(ctx)], None
     except RuleSkipped as skipped:
         return [], Skip(rule.id, ctx.module.key, skipped.reason)
     except BAD_INPUT_ERRORS as error:  # the module's text, not the rule: reported once, as the input's error
         return [], Skip(rule.id, ctx.module.key, BAD_INPUT + one_line(str(located(error, ctx.module)), 400))
     except Exception as error:  # noqa: BLE001 - one rule's bug must not end the run
         return [crash_finding(rule, ctx, error)], None
+
+
+def in_terms(ctx: RuleContext, finding: Finding) -> Finding:
+    """``finding``'s fix code with the program's own names, placeholders where the program cannot
+    tell them (:func:`hlo_doctor.program.terms.in_program_terms`)."""
+    if finding.suggestion is None or not (finding.suggestion.jax or finding.suggestion.torch_xla):
+        return finding
+    mesh = ctx.mesh
+    positional = mesh.axis_names if mesh is not None and mesh.is_inferred else ()
+    program = dump_program(ctx)
+    named = program_axis_names(ctx, program)
+    return in_program_terms(finding, [program], positional, tuple(named.values()) if named else None)
 
 
 def cause_ranks(rules: Iterable[Rule]) -> dict[str, int]:

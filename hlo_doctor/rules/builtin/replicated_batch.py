@@ -17,8 +17,9 @@ from hlo_doctor.program.levers import jax_argument_constraint, with_lever
 from hlo_doctor.program.records import record_entries, user_line
 from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
-from hlo_doctor.program.torch_levers import torch_input_marks
+from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
+from hlo_doctor.rules._program_files import dump_program, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -408,7 +409,13 @@ def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, bat
     call (and FSDPv2 wrappers get a shard_output); JAX constrains the traced function's argument,
     and rewrites the program's own constraints that pin the batch dim to fewer axes."""
     if ctx.framework == "torch_xla":
-        return with_lever(finding, torch_input_marks(ctx.dump.run_record, spec), ctx.framework)
+        lever = torch_input_marks(ctx.dump.run_record, spec)
+        if lever is None and not ctx.dump.run_record:  # a dump made without the runner: the source alone
+            program = dump_program(ctx)
+            names = program_axis_names(ctx, program)  # positional axes -> the program's own
+            lever = torch_static_marks(program, [tuple(names.get(a, a) for a in d) if d else d for d in spec],
+                                       tuple(names.get(a, a) for a in batch_axes))
+        return with_lever(finding, lever, ctx.framework)
     if ctx.framework != "jax" or finding.suggestion is None:
         return finding
     suggestion = finding.suggestion

@@ -252,4 +252,5 @@ def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, 
         return with_lever(finding, lever, ctx.framework)
     if path is not None:
         return with_lever(finding, nnx_partitioning(ctx.program_path, path, spec), ctx.framework)
-    return with_lever(finding, parameter_respec(ctx.program_path, target, spec, ctx.framework), ctx.framework)
+    return with_lever(finding, parameter_respec(ctx.program_path, target, spec, ctx.framework, ctx.traced_function),
+                      ctx.framework)

@@ -10,7 +10,7 @@ from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Computation, Instruction
 from hlo_doctor.program.records import record_entries, user_line
 from hlo_doctor.program.spec_sites import normalize, parse_spec_text
-from hlo_doctor.program.suggest import constraint_code, jax_spec, spec_tuple, torch_spec
+from hlo_doctor.program.suggest import constraint_code, jax_spec, spec_tuple, torch_spec, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
@@ -144,7 +144,7 @@ class ReshardChurn(Rule):
         for chain in chains:
             finding = self._finding(ctx, chain, gathers)
             if finding is not None:
-                yield finding
+                yield with_user_variable(finding, "x")
 
     def _finding(self, ctx: RuleContext, chain: list[tuple[_Reshard, set[str]]], gathers) -> Finding | None:
         executions = ctx.executions

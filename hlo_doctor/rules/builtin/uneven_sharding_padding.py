@@ -8,7 +8,7 @@ from math import gcd
 
 from hlo_doctor.graph.sharding import layouts
 from hlo_doctor.hlo.ir import Computation, Instruction, ShardingKind, attribute_of_each
-from hlo_doctor.program.suggest import constraint_code, round_up
+from hlo_doctor.program.suggest import constraint_code, round_up, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 
@@ -115,7 +115,7 @@ class UnevenShardingPadding(Rule):
                 uneven.setdefault((size, tiles), []).append((instruction, dim, nbytes, tiles_per_dim))
         for (size, shards), values in sorted(uneven.items()):
             # the partitioned snapshot only for the evidence of a finding (it may be another process's)
-            yield self._finding(ctx, size, shards, values, ctx.partitioned)
+            yield with_user_variable(self._finding(ctx, size, shards, values, ctx.partitioned), "x")
 
     def _uneven_dims(self, instruction: Instruction, num_partitions: int) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
         """(dim, size, shards, leaf bytes, tiles per dim) of every padded dim of the value's leaves."""

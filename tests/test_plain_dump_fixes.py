@@ -1,0 +1,210 @@
+"""Fixes on plain dumps: every bad fixture analysed without the runner's record (as a user's
+``XLA_FLAGS`` dump) still writes its fix in the program's own terms.
+
+* a constraint fix at a line that assigns a variable constrains that variable;
+* no fix code names ``axis_N`` or an identifier the program does not have, except in a visible
+  placeholder (``<mesh>``, ``<axis 0>``): the code is parsed and its names compared with the
+  program's identifiers, framework names and builtins;
+* every edit points at a line of the program that is the lever its kind says (a ``P(...)``, a mesh
+  construction, an FSDPv2 wrapper, the assignment of the axes variable);
+* ``fix DUMP`` on plain dumps of a JAX and a torch_xla gallery program gives a patch (and, slow,
+  the JAX one recompiled through the runner is clean).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hlo_doctor.analysis import analyze_dump
+from hlo_doctor.cli import main
+from hlo_doctor.dump import load_dump
+from hlo_doctor.examples.registry import local_program_file
+from hlo_doctor.program.suggest import assigned_name
+from hlo_doctor.program.terms import FRAMEWORK_NAMES, PLACEHOLDER, code_names, program_names
+from hlo_doctor.testing import builtin_rule_ids
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+PROGRAMS = Path(__file__).resolve().parents[1] / "hlo_doctor" / "examples" / "programs"
+BAD = sorted(p.parent for p in FIXTURES.glob("*/*-bad/hlo_doctor_run.json"))
+# The rules whose fix constrains the value the finding's own line makes.
+_VALUE_RULES = ("non-batch-dim-sharding", "activation-all-gather", "reshard-churn", "uneven-sharding-padding")
+_CONSTRAINED = re.compile(r"^(?:(\S+) = jax\.lax\.with_sharding_constraint\(|xs\.mark_sharding\(([^,]+),)", re.M)
+
+
+def plain_copy(folder: Path, tmp: Path) -> Path:
+    """The fixture as a user's own dump: copied, without the runner's record."""
+    plain = tmp / folder.parent.name / folder.name
+    shutil.copytree(folder, plain)
+    for record in plain.rglob("hlo_doctor_run.json"):
+        record.unlink()
+    return plain
+
+
+def _program(folder: Path) -> str | None:
+    """The gallery program the fixture was made from (the test reads the record; the analysis does not)."""
+    script = (load_dump(folder).run_record or {}).get("script")
+    local = local_program_file(script["path"]) if isinstance(script, dict) else None
+    return str(local) if local is not None else None
+
+
+@pytest.fixture(scope="module")
+def plain_reports(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plain")
+    return {folder: analyze_dump(plain_copy(folder, tmp), select=builtin_rule_ids(), jobs=1, drawings=False)
+            for folder in BAD}
+
+
+def _codes(finding) -> list[str]:
+    suggestion = finding.suggestion
+    return [c for c in (suggestion.jax, suggestion.torch_xla) if c] if suggestion is not None else []
+
+
+@pytest.mark.parametrize("folder", BAD, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_plain_dump_fixes_name_only_what_the_program_names(folder, plain_reports):
+    program = _program(folder)
+    for finding in plain_reports[folder].findings:
+        files = [program, finding.source.file if finding.source is not None else None]
+        known = (program_names(files) or frozenset()) | FRAMEWORK_NAMES
+        for code in _codes(finding):
+            outside = PLACEHOLDER.sub("", code)
+            assert not re.search(r"axis_\d", outside), (finding.rule, code)
+            read = code_names(code)
+            assert read is not None, f"not Python: {code}"
+            used, _ = read
+            assert used <= known, (finding.rule, sorted(used - known), code)
+
+
+@pytest.mark.parametrize("folder", BAD, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_plain_dump_fixes_constrain_the_lines_own_variable(folder, plain_reports):
+    for finding in plain_reports[folder].findings:
+        if finding.rule not in _VALUE_RULES or finding.source is None:
+            continue
+        variable = assigned_name(finding.source.file, finding.source.line)
+        for code in _codes(finding):
+            for jax_target, torch_target in _CONSTRAINED.findall(code):
+                target = (jax_target or torch_target).strip()
+                if variable is not None:
+                    assert target == variable, (finding.rule, finding.source, code)
+                else:
+                    assert PLACEHOLDER.fullmatch(target), (finding.rule, finding.source, code)
+        for edit in finding.suggestion.edits if finding.suggestion else ():
+            if edit.kind == "constrain" and edit.file is None and edit.target is not None:
+                assert edit.target == variable
+
+
+def _statement_text(path: str, line: int) -> str:
+    tree = ast.parse(Path(path).read_text())
+    lines = Path(path).read_text().splitlines()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.For, ast.If,
+                                                                 ast.With, ast.While, ast.Try)) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return lines[line - 1]
+
+
+_LEVER_TEXT = {"respec": r"\bP\(|PartitionSpec\(|mark_sharding\(", "mesh": r"Mesh\(|make_mesh\(",
+               "shard-output": r"FSDPv2\(|SpmdFullyShardedDataParallel\(", "with-partitioning": r"Linear\(|Param\(|init"}
+
+
+@pytest.mark.parametrize("folder", BAD, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_plain_dump_edits_point_at_the_programs_own_lever(folder, plain_reports):
+    for finding in plain_reports[folder].findings:
+        for edit in finding.suggestion.edits if finding.suggestion else ():
+            if edit.kind == "xla-flag":
+                continue
+            path = edit.file or (finding.source.file if finding.source else None)
+            local = local_program_file(path) if path else None
+            assert local is not None, (finding.rule, edit)
+            if edit.line is None:
+                continue
+            text = _statement_text(str(local), edit.line)
+            if edit.kind in _LEVER_TEXT:
+                assert re.search(_LEVER_TEXT[edit.kind], text), (finding.rule, edit.kind, text)
+            if edit.kind == "axes":
+                assert re.match(rf"\s*{re.escape(edit.details['variable'])}\s*=", text), text
+
+
+def test_the_fsdpv2_program_gets_its_own_levers_from_a_plain_dump(plain_reports):
+    """The default shard_output leaves the batch replicated over 'replica': the fix rewrites the
+    axes the program's marks read and gives the layers' wrappers a shard_output, in the program's
+    mesh axis names (its mesh is xs.Mesh(..., (2, DEVICES // 2), ('replica', 'fsdp')))."""
+    [finding] = plain_reports[FIXTURES / "hf-fsdpv2-torch-xla" / "torch_xla-bad"].findings
+    kinds = {(e.kind, e.line, e.spec) for e in finding.suggestion.edits}
+    program = (PROGRAMS / "hf_fsdpv2_torch_xla.py").read_text().splitlines()
+    assert kinds == {("axes", 56, (("replica", "fsdp"),)), ("shard-output", 68, (("replica", "fsdp"), None, None))}
+    assert program[55].lstrip().startswith("batch_axes = ") and "FSDPv2(layer" in program[67]
+    assert "xs.mark_sharding(input_ids, mesh, (('replica', 'fsdp'), None))" in finding.suggestion.torch_xla
+
+
+def _recorded_programs(dump: Path) -> str:
+    """The folder of the gallery programs as the dump records it (another checkout's path)."""
+    for text in (p.read_text(errors="replace") for p in sorted(dump.rglob("*")) if p.is_file()):
+        match = re.search(r'(/[^"\s]*/hlo_doctor/examples/programs)/', text)
+        if match:
+            return match.group(1)
+    raise AssertionError("the dump names no gallery program")
+
+
+@pytest.mark.parametrize(("fixture", "expected"), [
+    ("fsdp-activation-gather/jax-shardy-bad",
+     '+        h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P(("fsdp", "replica"), None)))'),
+    ("hf-fsdpv2-torch-xla/torch_xla-bad", '+    batch_axes = ("replica", "fsdp") if args.variant == "bad"'),
+])
+def test_fix_on_a_plain_dump_gives_a_patch(tmp_path, fixture, expected):
+    plain = plain_copy(FIXTURES / fixture, tmp_path)
+    programs = tmp_path / "programs"
+    shutil.copytree(PROGRAMS, programs)
+    result = CliRunner().invoke(main, ["fix", str(plain), "--path-map", f"{_recorded_programs(plain)}={programs}"])
+    assert result.exit_code == 0, result.output
+    assert expected in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_the_patch_of_a_plain_jax_dump_recompiles_clean(tmp_path, monkeypatch):
+    from hlo_doctor.runner.run import run_script
+
+    monkeypatch.chdir(tmp_path)  # the project: --write edits only its files
+
+    plain = plain_copy(FIXTURES / "fsdp-activation-gather" / "jax-shardy-bad", tmp_path)
+    programs = tmp_path / "programs"
+    shutil.copytree(PROGRAMS, programs)
+    result = CliRunner().invoke(main, ["fix", str(plain), "--write",
+                                       "--path-map", f"{_recorded_programs(plain)}={programs}"])
+    assert result.exit_code == 0, result.output
+    script = programs / "fsdp_activation_gather.py"
+    assert "with_sharding_constraint(h, NamedSharding(mesh" in script.read_text()
+    dump = run_script(script, ["--variant", "bad"], dump_dir=tmp_path / "after", python=sys.executable,
+                      devices=4).dump_dir
+    assert [f.rule for f in analyze_dump(plain, select=builtin_rule_ids()).findings] == ["non-batch-dim-sharding"]
+    assert not analyze_dump(dump, select=builtin_rule_ids()).findings
+
+
+def test_a_replicated_weights_placement_is_found_in_the_source(tmp_path):
+    """Hand-written program: the P() a weight is placed with, by device_put (one of several
+    placements of that name) or by its entry of jit's in_shardings; two sites: no guess."""
+    from hlo_doctor.program.spec_sites import parameter_spec_site
+
+    program = tmp_path / "train.py"
+    head = ("import jax\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
+            "mesh = jax.make_mesh((4,), ('fsdp',))\nfsdp = NamedSharding(mesh, P('fsdp', None))\n"
+            "def step(x, w1, w2):\n    return (x @ w1) @ w2\n"
+            "w1 = jax.device_put(w1, fsdp)\nw2 = jax.device_put(w2, fsdp)\n")
+    program.write_text(head + "w2 = jax.device_put(w2, NamedSharding(mesh, P()))\n")
+    site = parameter_spec_site(str(program), "w2", ())
+    assert (site.line, site.text) == (9, "P()")
+    program.write_text(head + "jitted = jax.jit(step, in_shardings=(fsdp, fsdp, NamedSharding(mesh, P())))\n")
+    site = parameter_spec_site(str(program), "w2", (), "step")
+    assert (site.line, site.text) == (9, "P()") and parameter_spec_site(str(program), "x", (), "step") is None
+    program.write_text(head + "w2 = jax.device_put(w2, NamedSharding(mesh, P()))\n"
+                       "jitted = jax.jit(step, in_shardings=(fsdp, fsdp, NamedSharding(mesh, P())))\n")
+    assert parameter_spec_site(str(program), "w2", (), "step") is None  # two places replicate it
