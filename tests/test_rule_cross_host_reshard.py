@@ -206,3 +206,25 @@ def test_full_rematerialization_pattern(tmp_path):
     assert ev["pattern"] == "full-rematerialization"
     assert ev["layouts_per_device"] == [[16, 64], [64, 16]]
     assert ev["reshard_bytes_per_device"] == 3 * 64 * 64 * 4 // 4
+
+
+def test_traffic_that_crosses_hosts_only_through_its_batch_axes_is_not_tensor_parallelism():
+    # Hand-built mesh and hosts (no HLO): 16 devices as ('fsdp'=8, 'tp'=2), tp minor, two hosts
+    # of 8. An activation all-reduce over both axes crosses hosts, but only through 'fsdp':
+    # every 'tp' pair stays inside a host, so laying 'tp' inside a host (this rule's fix) is done.
+    # With 'tp' major, its pairs cross hosts and the traffic is tensor-parallel across hosts.
+    from types import SimpleNamespace
+
+    from hlo_doctor.graph.devices import DeviceMap
+    from hlo_doctor.graph.mesh_model import Mesh
+    from hlo_doctor.rules.builtin.cross_host_tensor_parallel import _only_data_parallel_axes_cross
+
+    hosts = DeviceMap(tuple(range(16)), devices_per_host=8, host_of={d: d // 8 for d in range(16)})
+    minor = SimpleNamespace(mesh=Mesh(("fsdp", "tp"), (8, 2), tuple(range(16)), "test"), device_map=hosts)
+    major = SimpleNamespace(mesh=Mesh(("tp", "fsdp"), (2, 8), tuple(range(16)), "test"), device_map=hosts)
+    data_parallel = frozenset({"fsdp"})
+    assert _only_data_parallel_axes_cross(minor, ("fsdp", "tp"), data_parallel)
+    assert not _only_data_parallel_axes_cross(major, ("tp", "fsdp"), data_parallel)
+    # nothing to decide: no data-parallel axis among them, or only data-parallel ones
+    assert not _only_data_parallel_axes_cross(minor, ("tp",), data_parallel)
+    assert not _only_data_parallel_axes_cross(minor, ("fsdp",), data_parallel)

@@ -123,6 +123,8 @@ class CrossHostTensorParallel(Rule):
                 continue
             if semantics.is_data_parallel(role):
                 continue  # over data-parallel axes: a lost batch sharding, not tensor parallelism
+            if _only_data_parallel_axes_cross(ctx, facts.op.mesh_axes, data_parallel):
+                continue  # its other axes stay inside a host: the batch axes cross, and a mesh change would not help
             found.setdefault(facts.op.mesh_axes, []).append(facts.op)
         for axes, ops in found.items():
             yield self._finding(ctx, axes, ops, set(data_parallel))
@@ -191,6 +193,33 @@ class CrossHostTensorParallel(Rule):
                 "inter_host_bytes_per_step": total_wire,
             },
         )
+
+
+def _only_data_parallel_axes_cross(ctx: RuleContext, axes: tuple[str, ...] | None,
+                                   data_parallel: frozenset[str]) -> bool:
+    """Whether a collective over ``axes`` (some data-parallel, some not) crosses the slow boundary only
+    through its data-parallel axes: every group over its other axes alone stays inside a host (slice).
+
+    Such traffic (an activation all-reduced over the FSDP and tensor axes together, with the tensor
+    axis minor) is batch data movement, reported by the batch rules; laying the tensor axis inside a
+    host, this rule's fix, is already done.
+    """
+    mesh = ctx.mesh
+    if not axes or mesh is None or any(":(" in a or a not in mesh.axis_names for a in axes):
+        return False
+    other = [a for a in axes if a not in data_parallel]
+    if not other or len(other) == len(axes):
+        return False
+    varying = [mesh.axis_names.index(a) for a in other]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for device in mesh.device_ids:
+        coords = mesh.coords(device)
+        if coords is None:
+            return False
+        fixed = tuple(c for i, c in enumerate(coords) if i not in varying)
+        groups.setdefault(fixed, []).append(device)
+    device_map = ctx.device_map
+    return all(device_map.crosses_slow_boundary(group) is False for group in groups.values())
 
 
 def _mesh_fix(mesh, tp_axes: Sequence[str], per_host: int | None, num_devices: int) -> tuple[str, str, str]:
