@@ -69,9 +69,30 @@ def _probe(tmp_path: Path, text: str) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("text", [_REPLICATED, _TENSOR_PARALLEL], ids=["pure-replication", "tensor-parallel"])
-def test_silent_without_sharding_and_on_tensor_parallelism(tmp_path, text):
+def test_silent_on_tensor_parallelism(tmp_path):
+    assert analyze_dump(_probe(tmp_path, _TENSOR_PARALLEL), select=["replicated-batch"]).findings == ()
+
+
+def test_a_program_that_shards_nothing_repeats_every_matmul_on_every_device(tmp_path):
+    # 4 partitions, the batch input and the weight whole on every device: 4x the work
+    (finding,) = analyze_dump(_probe(tmp_path, _REPLICATED), select=["replicated-batch"]).findings
+    assert finding.evidence["redundancy_factor"] == 4 and finding.evidence["batch_axes"] == []
+    assert "the whole program is replicated" in finding.message and "whole on every device" in finding.message
+
+
+def test_a_replicated_program_whose_batch_cannot_be_split_is_silent(tmp_path):
+    # 6 rows over 4 devices: no even split to suggest (a small replicated helper, not the step)
+    text = _REPLICATED.replace("f32[8,64]", "f32[6,64]").replace("x: f32[8,64]", "x: f32[6,64]")
     assert analyze_dump(_probe(tmp_path, text), select=["replicated-batch"]).findings == ()
+
+
+def test_a_replicated_helper_beside_a_larger_step_is_silent(tmp_path):
+    # the replicated probe is not the dump's largest module: a sharded module beside it is bigger
+    dump = _probe(tmp_path, _REPLICATED)
+    big = _HALF_REPLICATED.replace("HloModule probe_half", "HloModule probe_step") + "\n" + "// padding\n" * 200
+    (dump / "module_0001.step.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(big)
+    findings = analyze_dump(dump, select=["replicated-batch"]).findings
+    assert all(f.module != "module_0000.probe" for f in findings), [(f.module, f.message) for f in findings]
 
 
 def test_a_probe_with_a_replicating_axis_fires_with_positional_names_said_so(tmp_path):

@@ -74,8 +74,11 @@ class ReplicatedBatch(Rule):
     together over the weights' axes: each device then runs the whole batch
     against its slice of every weight and waits on a gather every layer.
 
-    It is silent on a single device, when no axis splits anything (a
-    replicated program), for manual (``shard_map``) computations, and for
+    A program that shards nothing at all on several devices (the batch input
+    placed whole on the mesh, every weight replicated: a data-parallel step
+    whose input was never sharded) repeats every matmul on every device and
+    is reported too. It is silent on a single device, for manual
+    (``shard_map``) computations, and for
     tensor parallelism: a TP axis splits the matmuls (heads, features,
     contracting dims), so no work repeats along it.
 
@@ -143,13 +146,15 @@ class ReplicatedBatch(Rule):
         # Entry parameters keep their (global) shardings after partitioning: the batch axes and
         # whether anything is sharded are read there, without parsing the propagated snapshot.
         used = _axes_in_use(per_device, mesh)
-        if not used:
-            return  # nothing is sharded: a replicated program, not a lost batch sharding
+        # Nothing sharded at all (a replicated program on a mesh of devices, the batch input left
+        # whole): every device computes every row, the redundancy at its largest.
         batch_axes = set(ctx.semantics.batch_split_axes)
         candidates = {a for a in mesh.axis_names if mesh.axis_size(a) > 1} - batch_axes
         if not candidates:
             return
-        if not batch_axes:
+        if not used and not _main_step(ctx, per_device, params, mesh, candidates):
+            return
+        if not batch_axes and used:
             found = self._gathered_instead(ctx, per_device, params, mesh, used)
             if found is not None:
                 yield found
@@ -167,7 +172,7 @@ class ReplicatedBatch(Rule):
             raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
         graph = ctx.sharded_graph
         assert graph is not None
-        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates)
+        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates, whole_program=not used)
         if activation_flops <= 0:
             return
         # An axis that splits some activation matmul is a tensor-parallel axis: work repeated along it
@@ -176,7 +181,8 @@ class ReplicatedBatch(Rule):
         replicating = [a for a in axes if a.flops >= self.options.min_redundant_fraction * activation_flops
                        and (a.flops >= activation_flops * (1 - 1e-9) or not batch_axes)]
         if replicating:
-            yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops)
+            yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops,
+                                whole_program=not used)
 
     def _gathered_instead(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                           used: set[str]) -> Finding | None:
@@ -242,7 +248,8 @@ class ReplicatedBatch(Rule):
         return _at_lever(ctx, finding, spec, variable, (), rows)
 
     def _finding(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
-                 batch_axes: set[str], replicating: list[_Axis], activation_flops: float) -> Finding:
+                 batch_axes: set[str], replicating: list[_Axis], activation_flops: float,
+                 whole_program: bool = False) -> Finding:
         entry = module.entry
         assert entry is not None
         data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
@@ -260,10 +267,13 @@ class ReplicatedBatch(Rule):
         input_name = parameter_name(ctx, batch_input, with_shape=False)  # the message prints its shape
         axes_text = "/".join(repr(a) for a in names)
         message = (
-            f"the batch is not split over mesh axis {axes_text} ({factor} devices) while the program is sharded: "
+            f"the batch is not split over mesh axis {axes_text} ({factor} devices) "
+            + ("and nothing else is either (the whole program is replicated): " if whole_program
+               else "while the program is sharded: ") +
             f"{share:.0%} of the matmul FLOPs on activations repeat along it, so the {factor} devices "
             f"along {axes_text} compute the same data; the batch input {input_name} ({batch_input.shape}) is "
-            f"split {split} ways" + (f" (over {'/'.join(repr(a) for a in sorted(batch_axes))})" if batch_axes else "")
+            + (f"split {split} ways (over {'/'.join(repr(a) for a in sorted(batch_axes))})" if batch_axes
+               else "whole on every device")
             + f", so each device's matmuls take {rows // split} of its {rows} rows where {max(1, rows // (split * factor))} "
             f"would do (e.g. {top.name} {top.shape})"
         )
@@ -314,6 +324,34 @@ class ReplicatedBatch(Rule):
         return _at_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable, ordered, rows)
 
 
+def _main_step(ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
+               axes: set[str]) -> bool:
+    """Whether a program that shards nothing is worth reporting: its batch input splits evenly over
+    ``axes`` (a ``[1, S]`` position table or a batch of 1 could not be split), and it is the dump's
+    largest module (frameworks compile small replicated helpers beside the step: torch_xla compiles
+    every graph for all the devices of its SPMD mesh)."""
+    entry = module.entry
+    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
+            and p.shape.rank >= 1] if entry is not None else []
+    if not data:
+        return False
+    rows = max(data, key=lambda p: p.shape.byte_size).shape.dims[0]
+    ways = math.prod(mesh.axis_size(a) for a in axes)
+    if rows < ways or rows % ways:
+        return False
+    return all(_size(other) <= _size(ctx.module) for other in ctx.dump.modules)
+
+
+def _size(module) -> int:  # noqa: ANN001 - a DumpModule
+    total = 0
+    for snapshot in module.snapshots:
+        try:
+            total += snapshot.path.stat().st_size
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
 def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
     """Mesh axes (size > 1) that split some entry parameter or matmul."""
     found: set[str] = set()
@@ -346,8 +384,11 @@ def _axes_of(sharding: Sharding | None, instruction: Instruction, mesh: Mesh) ->
 
 
 def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh,
-                   candidates: set[str]) -> tuple[float, list[_Axis]]:
-    """The activation matmuls' FLOPs, and per candidate axis the FLOPs that repeat along it."""
+                   candidates: set[str], whole_program: bool = False) -> tuple[float, list[_Axis]]:
+    """The activation matmuls' FLOPs, and per candidate axis the FLOPs that repeat along it.
+
+    A matmul with no sharding is replicated when the program shards nothing (``whole_program``:
+    Shardy then writes no sharding on its ops); otherwise it is not judged."""
     data_bits = 0
     for number in params.data:
         data_bits |= 1 << number
@@ -365,9 +406,10 @@ def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParamet
         if flops <= 0:
             continue
         total += flops
-        if dot.sharding is None or not candidates:
+        if (dot.sharding is None and not whole_program) or not candidates:
             continue
-        split = _axes_of(dot.sharding, dot, mesh) | _contracting_axes(dot, computation, mesh)
+        split = set() if dot.sharding is None else \
+            _axes_of(dot.sharding, dot, mesh) | _contracting_axes(dot, computation, mesh)
         for axis in candidates - split:
             repeated[axis].append((flops, computation.name, dot))
     axes = []
