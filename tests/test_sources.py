@@ -272,3 +272,17 @@ def test_path_map_from_the_command_line_and_the_configuration(tmp_path, monkeypa
     (project / "pyproject.toml").write_text('[tool.hlo-doctor]\npath-map = ["/ci=../mine"]\n')
     result = CliRunner().invoke(main, ["analyze", str(FIXTURES / CASES[0])])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "path-map" in result.stderr
+
+
+def test_show_and_explain_show_the_files_found_here(tmp_path, monkeypatch):
+    original = _analyze(FIXTURES / CASES[0], ROOT, monkeypatch)
+    recorded = original.sources[0].recorded
+    local = _program(tmp_path / "mine" / Path(recorded).name, Path(original.sources[0].local).read_text())
+    monkeypatch.chdir(tmp_path)
+    mapping = f"{Path(recorded).parent}={local.parent}"
+    explained = CliRunner().invoke(main, ["explain", str(FIXTURES / CASES[0]), "dot", "--path-map", mapping])
+    assert explained.exit_code == 0, explained.output
+    assert f"mine/{local.name}:" in explained.stdout and recorded not in explained.stdout
+    for command in (["explain", str(FIXTURES / CASES[0]), "dot"], ["show", str(FIXTURES / CASES[0])]):
+        bad = CliRunner().invoke(main, [*command, "--path-map", "nothing"])
+        assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "--path-map" in bad.stderr

@@ -135,6 +135,7 @@ def config_command(config_file, output_format):
         ("hardware", config.hardware.value, config.hardware.origin),
         ("ignore-ops", list(config.ignore_ops.value), config.ignore_ops.origin),
         ("fail-on", config.fail_on.value, config.fail_on.origin),
+        ("path-map", dict(config.path_map.value), config.path_map.origin),
     ]
 
     registry = discover()
