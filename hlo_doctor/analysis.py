@@ -20,7 +20,9 @@ from hlo_doctor.dump import Dump, DumpModule, load_dump
 from hlo_doctor.dump.snapshot import DumpError
 from hlo_doctor.errors import InputError, one_line
 from hlo_doctor.findings import ModuleSummary, Report, ReportError, RuleInfo
-from hlo_doctor.graph.source import split_module_path
+from hlo_doctor.graph.source import is_library_file, split_module_path
+from hlo_doctor.program.locate import SourceFinder, SourceSettings, finding_sources
+from hlo_doctor.program.records import recorded_program
 from hlo_doctor.rules import (
     AnalysisOptions,
     Finding,
@@ -65,7 +67,11 @@ def analyze_dump(path: str | os.PathLike[str] | Dump, **options: Any) -> Report:
     (:mod:`hlo_doctor.rules.module_workers`), and a dump of one big module
     shares its rules between two (:mod:`hlo_doctor.rules.parallel`); 1 keeps
     everything in this process. The default is the usable cores, at most 4.
-    The report is the same whatever ``jobs`` is. ``drawings`` (default True) has the
+    The report is the same whatever ``jobs`` is. ``sources``
+    (:class:`~hlo_doctor.program.locate.SourceSettings`: path maps, ``--show-source-anywhere``,
+    the programs this invocation ran) says how the program files the dump names are found and
+    which folders the rules may read them from; the report lists each file and how it was found
+    (``Report.sources``). ``drawings`` (default True) has the
     analysis make what the HTML report draws (each finding's pictures, each module's
     communication inventory) while the dump is loaded; False leaves them out, for a
     report that no HTML will be made of (about a tenth less work on a big module).
@@ -95,6 +101,7 @@ def _analyze(
     ignore_ops: Iterable[str] = (),
     jobs: int | None = None,
     drawings: bool = True,
+    sources: SourceSettings | None = None,
 ) -> Report:
     """:func:`analyze_dump`'s work, with the garbage collector paused."""
     registry = registry or discover()
@@ -113,7 +120,11 @@ def _analyze(
             raise InputError(f"bad options for rule {rule_id}: {one_line(str(error))}") from None
     dump = path if isinstance(path, Dump) else load_dump(path)
     jobs = default_jobs() if jobs is None else jobs
-    options = AnalysisOptions(devices_per_host=devices_per_host, hardware=profile, verbose=verbose)
+    settings = sources or SourceSettings()
+    options = AnalysisOptions(devices_per_host=devices_per_host, hardware=profile, verbose=verbose, sources=settings)
+    # Every read of the program (the rules', in this process and in forked workers) goes through
+    # this one finder, confined to the folders ``settings`` and the dump allow.
+    finder = SourceFinder(settings, dump.path)
 
     findings: list[Finding] = []
     skipped: list[Skip] = []
@@ -123,9 +134,13 @@ def _analyze(
     # A dump loaded here is ours: each module's parsed snapshots are dropped once it is done,
     # so the memory a dump needs is that of its biggest module, not the sum.
     release = not isinstance(path, Dump)
-    outcomes = _module_outcomes(dump, rules, options, jobs, release, progress, drawings)
+    with finding_sources(finder):
+        outcomes = _module_outcomes(dump, rules, options, jobs, release, progress, drawings)
     summaries: list[ModuleSummary] = []
+    program = _program(dump)
+    named = [program] if program else []
     for outcome in outcomes:
+        named += outcome.program_files
         findings.extend(outcome.findings)
         skipped.extend(outcome.skipped)
         errors.extend(outcome.errors)
@@ -151,8 +166,9 @@ def _analyze(
         hardware=profile.name if profile is not None else None,
         verbose=verbose,
         devices_per_host=devices_per_host,
-        program=_program(dump),
+        program=program,
         drawings=drawings,
+        sources=tuple(finder.find(path) for path in dict.fromkeys(named)),
     )
 
 
@@ -168,6 +184,7 @@ class _ModuleOutcome:
     parsed: tuple[bool, ...]  # per snapshot: parsed once
     failures: tuple[str | None, ...]  # per snapshot: its one-line parse error
     metadata_errors: tuple[DumpError, ...]
+    program_files: tuple[str, ...] = ()  # the user's files the module names (frame tables, findings)
 
 
 def _module_outcomes(
@@ -239,6 +256,7 @@ def _analyze_module(
     except Exception as error:  # noqa: BLE001 - the inventory must not end the run
         errors.append(ReportError(str(dump.path), f"communication inventory failed: {type(error).__name__}: "
                                                   f"{one_line(str(error), 200)}", module.key))
+    program_files = _program_files(module, module_findings)
     module_errors = module.errors
     errors.extend(ReportError(e.path, e.message, module.key) for e in module_errors)
     summary = ModuleSummary(
@@ -262,8 +280,26 @@ def _analyze_module(
     return _ModuleOutcome(
         module_findings, module_skips, errors, summary,
         tuple(s.parsed_once for s in module.snapshots), tuple(s.error for s in module.snapshots),
-        module.errors_found,
+        module.errors_found, program_files,
     )
+
+
+def _program_files(module: DumpModule, findings: list[Finding]) -> tuple[str, ...]:
+    """The user's program files ``module`` names: its parsed snapshots' ``FileNames`` tables, and the
+    files its findings point at (a dump whose ops carry only ``source_file`` metadata); library files
+    left out. Read before the module is released, in the process that analysed it."""
+    files: list[str] = []
+    for snapshot in module.snapshots:
+        parsed = snapshot.try_module() if snapshot.parsed else None
+        tables = parsed.frame_tables if parsed is not None else None
+        if tables is not None:
+            files += tables.file_names.values()
+    for finding in findings:
+        if finding.source is not None:
+            files.append(finding.source.file)
+        if finding.suggestion is not None:
+            files += [edit.file for edit in finding.suggestion.edits if edit.file]
+    return tuple(f for f in dict.fromkeys(files) if f and not f.startswith("<") and not is_library_file(f))
 
 
 def input_errors(report: Report) -> list[ReportError]:
@@ -294,10 +330,7 @@ def _adopt(module: DumpModule, outcome: _ModuleOutcome) -> None:
 
 def _program(dump: Dump) -> str | None:
     """The script the runner ran, from the dump's run record."""
-    record = dump.run_record if isinstance(dump.run_record, dict) else {}
-    script = record.get("script")
-    path = script.get("path") if isinstance(script, dict) else None
-    return path if isinstance(path, str) else None
+    return recorded_program(dump.run_record)
 
 
 def _collective_summary(ctx: RuleContext) -> dict[str, tuple[int, int]]:

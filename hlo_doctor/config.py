@@ -15,6 +15,7 @@ Keys (kebab-case, as in the file)::
     hardware = "h100"
     ignore-ops = ["jit(train_step)/optimizer/*"]   # globs on op_name
     fail-on = "warning"                     # error | warning | info
+    path-map = {"/home/ci/work/repo" = "."}  # recorded path prefix -> here (relative: to this file)
 
     [tool.hlo-doctor.rules.replicated-large-parameter]
     min-bytes = 1048576                     # per-rule options (see `hlo-doctor rules ID`)
@@ -38,7 +39,7 @@ from hlo_doctor.errors import InputError
 from hlo_doctor.semantics.hardware import profile_names
 
 SEVERITIES = ("error", "warning", "info")
-TOP_LEVEL_KEYS = ("select", "ignore", "devices-per-host", "hardware", "ignore-ops", "fail-on", "rules")
+TOP_LEVEL_KEYS = ("select", "ignore", "devices-per-host", "hardware", "ignore-ops", "fail-on", "path-map", "rules")
 DEFAULT = "default"
 COMMAND_LINE = "command line"
 
@@ -59,6 +60,8 @@ class Config:
     hardware: Setting = Setting(None, DEFAULT)
     ignore_ops: Setting = Setting((), DEFAULT)
     fail_on: Setting = Setting("warning", DEFAULT)
+    # (recorded prefix, local prefix) pairs: where a dump made elsewhere has its program files here
+    path_map: Setting = Setting((), DEFAULT)
     # rule id -> option name (python identifier) -> Setting
     rule_options: Mapping[str, Mapping[str, Setting]] = field(default_factory=dict)
     path: Path | None = None
@@ -147,6 +150,8 @@ def load_config(
     if "fail-on" in table:
         _check_choice("fail-on", table["fail-on"], SEVERITIES, origin)
         settings["fail_on"] = Setting(table["fail-on"], origin)
+    if "path-map" in table:
+        settings["path_map"] = Setting(_path_map(table["path-map"], path.parent, origin), origin)
     if "rules" in table:
         settings["rule_options"] = _rule_options(table["rules"], rule_options, origin)
     return Config(**settings)
@@ -208,6 +213,22 @@ def _check_range(where: str, name: str, value: Any, origin: str) -> None:
         raise InputError(f"{origin}: {where} must be at least 1, not {value!r}")
     if value < 0:
         raise InputError(f"{origin}: {where} must not be negative, not {value!r}")
+
+
+def _path_map(value: Any, folder: Path, origin: str) -> tuple[tuple[str, str], ...]:
+    """``path-map = {"/recorded/prefix" = "local/prefix"}``; a relative local prefix is taken from
+    the configuration file's folder, and it must exist."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
+                                              for k, v in value.items()):
+        raise InputError(f"{origin}: path-map must be a table of strings, recorded path prefix = local "
+                         f"prefix (path-map = {{\"/home/ci/repo\" = \".\"}}), not {value!r}")
+    pairs = []
+    for recorded, local in value.items():
+        target = folder / local
+        if not target.exists():
+            raise InputError(f"{origin}: path-map: {recorded!r} = {local!r}: {target} does not exist")
+        pairs.append((recorded, str(target)))
+    return tuple(pairs)
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...], origin: str) -> None:

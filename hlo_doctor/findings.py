@@ -36,6 +36,7 @@ __all__ = [
     "RuleInfo",
     "Severity",
     "Skip",
+    "SourceFile",
     "SourceRef",
     "SourceEdit",
     "Suggestion",
@@ -203,6 +204,21 @@ class ReportError:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceFile:
+    """A program file the dump names, and where it was found on this machine (see
+    :mod:`hlo_doctor.program.locate`)."""
+
+    recorded: str
+    """the path as the dump records it"""
+    local: str | None
+    """the file read here, or None"""
+    how: str
+    """found: ``recorded``, ``path-map``, ``suffix`` (the recorded path's tail below the dump's
+    folder, its parents or the project), ``gallery``; not: ``missing``, ``outside`` (outside the
+    allowed folders), ``too-big``"""
+
+
+@dataclass(frozen=True, slots=True)
 class ModuleSummary:
     id: int | None
     name: str
@@ -242,6 +258,8 @@ class Report:
     """the rules that ran, described (the ids of ``rules`` that the registry knew)"""
     drawings: bool = False
     """whether the analysis made what the HTML report draws (findings' pictures, modules' inventories)"""
+    sources: tuple[SourceFile, ...] = ()
+    """the user's program files the dump names, found here or not (library files left out)"""
 
     def __str__(self) -> str:
         """One line per finding and a count; :func:`hlo_doctor.report.render` gives the full reports."""

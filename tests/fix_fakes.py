@@ -29,7 +29,7 @@ def fake_planner(code: Callable[[Finding], str | None], *, file: str | None = No
     ``before``: insert above the line instead (which moves the finding's own line down).
     """
 
-    def plan_fixes(findings, *, program=None, select=(), readable=None):  # noqa: ANN001, ANN202
+    def plan_fixes(findings, *, program=None, select=(), path_map=None, readable=None):  # noqa: ANN001, ANN202
         plan = FakePlan()
         inserts: dict[str, list[tuple[int, str, Finding]]] = {}
         for finding in findings:

@@ -160,7 +160,7 @@ def test_fix_json_document(program_copy: Path) -> None:
 def test_select_passes_the_rules_to_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def planner(findings, *, program=None, select=(), readable=None):  # noqa: ANN001, ANN202
+    def planner(findings, *, program=None, select=(), path_map=None, readable=None):  # noqa: ANN001, ANN202
         seen.update(program=program, select=select, rules=[f.rule for f in findings])
         return fixlib.FixPlan()
 

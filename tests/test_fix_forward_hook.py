@@ -175,7 +175,9 @@ def _record(program: Path) -> dict:
     return {"module_trees": [{"modules": modules, "stack": [{"file": str(program), "line": 3, "function": "main"}]}]}
 
 
-def test_the_lever_loops_over_the_layers_only_when_each_has_the_finding(tmp_path: Path):
+def test_the_lever_loops_over_the_layers_only_when_each_has_the_finding(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     from hlo_doctor.program.module_hooks import forward_hook_lever
 
     program = tmp_path / "train.py"

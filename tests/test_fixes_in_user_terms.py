@@ -131,9 +131,10 @@ def test_positional_parameters_map_to_recorded_paths_only_when_the_shapes_agree(
     assert recorded_parameter_path({}, "train_step", "state[0][0]", (4, 8)) is None
 
 
-def test_the_layout_map_key_is_the_variables_own(tmp_path):
+def test_the_layout_map_key_is_the_variables_own(tmp_path, monkeypatch):
     """The key generalizes the layer index only when every variable it then matches is unmatched
     and of the same shape, and is no key the program has; else it is the path itself."""
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     from hlo_doctor.program.levers import keras_layout_key
 
     program = tmp_path / "train.py"
@@ -169,16 +170,18 @@ def test_the_layout_map_key_is_the_variables_own(tmp_path):
     assert key(record(("block_0/ffw/kernel", "block.*", (4, 8)))) is None
 
 
-def test_the_variable_comes_from_the_line(tmp_path):
+def test_the_variable_comes_from_the_line(tmp_path, monkeypatch):
     """Hand-written source: the name assigned on a line, across continuation lines."""
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     program = tmp_path / "prog.py"
     program.write_text("def f(x, w1, b1):\n    out = (x @ w1.T\n           + b1)\n    return out @ w1\n")
     assert assigned_name(str(program), 2) == "out" and assigned_name(str(program), 3) == "out"
     assert assigned_name(str(program), 4) is None
 
 
-def test_mesh_axis_names_from_the_program_when_the_dump_has_none(tmp_path):
+def test_mesh_axis_names_from_the_program_when_the_dump_has_none(tmp_path, monkeypatch):
     """Hand-written programs: the names of the one mesh construction of the inferred shape."""
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     from hlo_doctor.program.source import program_mesh_axes
 
     program = tmp_path / "train.py"

@@ -200,7 +200,7 @@ def test_config_file_is_found_and_flags_override_it(tmp_path: Path, monkeypatch:
     ("body", "message"),
     [
         ("selekt = []\n", "unknown key 'selekt' (valid keys: select, ignore, devices-per-host, hardware, "
-                          "ignore-ops, fail-on, rules)"),
+                          "ignore-ops, fail-on, path-map, rules)"),
         ('fail-on = "fatal"\n', "fail-on must be one of error, warning, info, not 'fatal'"),
         ("devices-per-host = 0\n", "devices-per-host must be a positive integer"),
         ('hardware = "v100"\n', f"hardware must be one of {', '.join(profile_names())}, not 'v100'"),

@@ -258,8 +258,11 @@ def test_2_fix_neither_reads_nor_writes_a_file_outside_the_project(tmp_path, pro
     before = outside.read_text()
     result = invoke("fix", str(dump), "--write")
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
-    assert "outside the project root" in result.stderr and "0 edits" in result.stderr
+    assert "0 edits" in result.stderr
     assert result.stdout == ""  # no diff: not one of its lines is printed
+    # the rules did not read it either: the analysis says so
+    sources = json.loads(invoke("analyze", str(dump), "--format", "json").stdout)["sources"]
+    assert {"recorded": str(outside), "local": None, "how": "outside"} in sources
     assert outside.read_text() == before
     # a file the user maps there on purpose is read, but --write still edits only the project's files
     mapped = invoke("fix", str(dump), "--write", "--path-map", f"{outside}={outside}")
@@ -274,7 +277,9 @@ def test_2_fix_neither_reads_nor_writes_a_file_outside_the_project(tmp_path, pro
 
 
 def test_3_a_symlinked_folder_does_not_hide_an_installed_library(tmp_path, project):
-    library = tmp_path / "lib" / "python3.11" / "site-packages" / "thirdparty"
+    # the project's own virtual environment: inside the project root, so the rules read the file
+    # (one outside is not even read) and the fix reaches the site-packages guard
+    library = project / ".venv" / "lib" / "python3.11" / "site-packages" / "thirdparty"
     library.mkdir(parents=True)
     target = library / "fsdp_activation_gather.py"
     shutil.copyfile(ROOT / "hlo_doctor" / "examples" / "programs" / "fsdp_activation_gather.py", target)

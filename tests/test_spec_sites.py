@@ -37,7 +37,8 @@ def _write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def test_axes_found_through_a_dict_of_specs_and_a_conditional(tmp_path):
+def test_axes_found_through_a_dict_of_specs_and_a_conditional(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     path = _write(tmp_path, PROGRAM)
     site = axes_site(path, 11, 0, ("fsdp",))
     assert site is not None
@@ -46,14 +47,16 @@ def test_axes_found_through_a_dict_of_specs_and_a_conditional(tmp_path):
     assert axes_site(path, 11, 0, ("model",)) is None  # no literal writes those axes
 
 
-def test_axes_of_a_name_read_anywhere_but_as_that_entry_are_not_offered(tmp_path):
+def test_axes_of_a_name_read_anywhere_but_as_that_entry_are_not_offered(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     path = _write(tmp_path, PROGRAM + "    print(batch)\n")
     assert axes_site(path, 11, 0, ("fsdp",)) is None
     path = _write(tmp_path, PROGRAM + "    w = P(None, batch)\n")
     assert axes_site(path, 11, 0, ("fsdp",)) is None
 
 
-def test_spec_found_through_a_list_subscript(tmp_path):
+def test_spec_found_through_a_list_subscript(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
     path = _write(tmp_path, PROGRAM)
     assert spec_site(path, 17, (None, ("x",))).line == 15
     assert spec_site(path, 17, (("x",), None)).line == 14

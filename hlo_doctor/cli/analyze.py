@@ -45,7 +45,7 @@ def analyze_command(dump, devices_per_host, hardware, select, ignore, config_fil
             hardware=hardware,
         )
         report = analyze_or_exit(dump, config, verbose, registry, jobs, out)
-    write_report(report, out)
+    write_report(report, out, config)
 
 
 @click.command("rules")

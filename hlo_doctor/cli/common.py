@@ -16,6 +16,7 @@ from hlo_doctor.config import Config, load_config
 from hlo_doctor.errors import InputError
 from hlo_doctor.files import write_atomically
 from hlo_doctor.hlo import ParseError
+from hlo_doctor.program.locate import SourceSettings, parse_path_maps
 from hlo_doctor.report.safe import plain, rich_text
 from hlo_doctor.rules import discover, select_rules
 from hlo_doctor.semantics.hardware import profile_names
@@ -81,6 +82,12 @@ def _analysis_decorators() -> dict[str, Callable[..., Any]]:
             "--show-source-anywhere", is_flag=True,
             help="Quote source lines from any file the dump names, not only from files below the "
                  "project root or the dump's folder."),
+        "path_map": click.option(
+            "--path-map", multiple=True, metavar="RECORDED=LOCAL",
+            help="The program files the dump recorded below RECORDED (a file or folder of the machine "
+                 "that compiled) are at LOCAL here (repeatable; the longest match wins). Without it a "
+                 "recorded file not here is looked for by its path's tail below the dump's folder and "
+                 "the project root."),
         "jobs": click.option(
             "--jobs", "-j", type=click.IntRange(min=1), default=None,
             help="Processes that may work at once: several modules are analysed in up to N worker "
@@ -141,10 +148,24 @@ def warn_if_no_rule(config: Config, registry) -> None:
                    "to run", err=True)
 
 
+def source_settings(config: Config, path_map: tuple[str, ...] = (), anywhere: bool = False,
+                    programs: tuple[str, ...] = ()) -> SourceSettings:
+    """How the program files a dump names are found: the configuration's ``path-map`` and then
+    ``--path-map`` (a later entry for the same prefix wins), ``--show-source-anywhere``, and the
+    programs this invocation ran. A malformed ``--path-map``: InputError (one line)."""
+    try:
+        pairs = parse_path_maps(path_map)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    return SourceSettings(tuple(config.path_map.value) + pairs, anywhere, programs)
+
+
 def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: int | None = None,
-                 drawings: bool = False):
+                 drawings: bool = False, sources: SourceSettings | None = None):
     """``analyze_dump`` with the effective configuration (and ``registry``'s rules) and a progress bar on a terminal;
-    ``drawings``: make what the HTML report draws (only an HTML report needs them)."""
+    ``drawings``: make what the HTML report draws (only an HTML report needs them); ``sources``: how
+    the program's files are found (default: the configuration's path maps)."""
+    sources = sources if sources is not None else source_settings(config)
     with Progress() as progress:
         return analyze_dump(
             dump,
@@ -159,6 +180,7 @@ def run_analysis(dump: str, config: Config, verbose: bool, registry=None, jobs: 
             progress=progress,
             jobs=jobs,
             drawings=drawings,
+            sources=sources,
         )
 
 

@@ -23,11 +23,11 @@ from hlo_doctor.cli.common import (
     load_rules,
     run_analysis,
     some_analysis_options,
+    source_settings,
 )
 from hlo_doctor.cli.run import _split_command
 from hlo_doctor.errors import InputError
-from hlo_doctor.examples.registry import PROGRAMS, local_program_file
-from hlo_doctor.files import is_file, real_path, write_atomically
+from hlo_doctor.files import real_path, write_atomically
 from hlo_doctor.fix.output import (
     dumps,
     plan_text,
@@ -37,7 +37,7 @@ from hlo_doctor.fix.output import (
     verification_to_dict,
 )
 from hlo_doctor.fix.verify import verify_fix
-from hlo_doctor.report.source import SourcePolicy, project_roots
+from hlo_doctor.program.locate import SourceFinder, project_roots
 from hlo_doctor.runner.detect import FrameworkError
 from hlo_doctor.runner.extras import MissingExtra, extras_for, require_extras
 from hlo_doctor.runner.run import RunError
@@ -54,23 +54,17 @@ def _plan(findings, program, select, path_map=None, readable=None):  # noqa: ANN
         raise InputError("hlo-doctor fix: this build has no edit library (hlo_doctor.fix.plan_fixes)") from None
 
 
-def _path_map(pairs: tuple[str, ...], findings, program: str | None) -> dict[str, str]:  # noqa: ANN001
-    """``--path-map RECORDED=LOCAL`` pairs, and for a recorded gallery program not on this machine
-    (a fixture made in another checkout) this package's copy of it."""
+def _path_map(finder: SourceFinder, findings, program: str | None) -> dict[str, str]:  # noqa: ANN001
+    """Each recorded file the findings name -> the file here the analysis read for it (found
+    through ``--path-map``, the recorded path's tail, or the gallery; see
+    :mod:`hlo_doctor.program.locate`), so the patch edits the lines the rules read."""
     mapping: dict[str, str] = {}
-    for pair in pairs:
-        recorded, sep, local = pair.partition("=")
-        if not sep or not recorded or not local:
-            raise InputError(f"--path-map takes RECORDED=LOCAL, not {pair!r}")
-        mapping[recorded] = local
     recorded_files = {program} | {f.source.file for f in findings if f.source is not None} | {
         e.file for f in findings if f.suggestion is not None for e in f.suggestion.edits if e.file}
     for path in sorted(p for p in recorded_files if p):
-        if path in mapping or is_file(path):
-            continue
-        local_copy = local_program_file(path)
-        if local_copy is not None:
-            mapping[path] = str(local_copy)
+        local = finder.local(path)
+        if local is not None and str(local) != path:
+            mapping[path] = str(local)
     return mapping
 
 
@@ -151,15 +145,6 @@ def fix_command(write, select, output_format, verify, command, **options):
     _fix_verify(command, analysis, chosen, write, output_format, options)
 
 
-def _confinement(dump: str, path_map: dict[str, str], user_maps: tuple[str, ...]) -> SourcePolicy:
-    """The files ``fix`` may read: those the reports may quote (the project root and the dump's
-    folder), the targets of the user's ``--path-map`` and this package's own gallery programs
-    (what :func:`_path_map` maps a recorded gallery program to); all by real path."""
-    reports = SourcePolicy.default(dump=dump)
-    named = [real_path(path_map[pair.partition("=")[0]]) for pair in user_maps]
-    return SourcePolicy((*reports.roots, *named, real_path(PROGRAMS)))
-
-
 def _refuse_outside_project(changed: list[str]) -> None:
     """``--write`` edits only files below the project root (real paths): nothing is written otherwise."""
     roots = project_roots()
@@ -170,10 +155,14 @@ def _refuse_outside_project(changed: list[str]) -> None:
 
 
 def _fix_dump(dump, analysis, select, write, output_format, path_pairs) -> None:  # noqa: ANN001
-    report = run_analysis(dump, analysis["config"], analysis["verbose"], analysis["registry"], analysis["jobs"])
-    path_map = _path_map(path_pairs, report.findings, report.program)
-    policy = _confinement(dump, path_map, path_pairs)
-    plan = _plan(report.findings, report.program, select, path_map, lambda path: policy.allows(Path(path)))
+    # ``fix`` reads what the reports may quote and the rules read: the project root, the dump's
+    # folder, the targets of the user's path maps and this package's gallery programs (real paths).
+    settings = source_settings(analysis["config"], path_pairs)
+    report = run_analysis(dump, analysis["config"], analysis["verbose"], analysis["registry"], analysis["jobs"],
+                          sources=settings)
+    finder = SourceFinder(settings, dump)
+    path_map = _path_map(finder, report.findings, report.program)
+    plan = _plan(report.findings, report.program, select, path_map, finder.allows)
     changed = plan.changed  # it also holds files it read and left as they were
     written: tuple[str, ...] = ()
     if write:

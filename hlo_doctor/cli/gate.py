@@ -85,7 +85,7 @@ def check_command(dump, devices_per_host, hardware, select, ignore, config_file,
         result = apply_baseline(report.findings, baseline)
         report = dataclasses.replace(report, findings=result.new, baselined=result.baselined)
         fixed = result.fixed
-    write_report(report, out)
+    write_report(report, out, config)
     unread = input_errors(report)
     if unread:
         # A module that could not be read was not checked: the gate fails whatever the format
@@ -135,6 +135,7 @@ def config_command(config_file, output_format):
         ("hardware", config.hardware.value, config.hardware.origin),
         ("ignore-ops", list(config.ignore_ops.value), config.ignore_ops.origin),
         ("fail-on", config.fail_on.value, config.fail_on.origin),
+        ("path-map", dict(config.path_map.value), config.path_map.origin),
     ]
 
     registry = discover()

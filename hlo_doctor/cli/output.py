@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hlo_doctor._version import __version__
-from hlo_doctor.cli.common import emit, fail, run_analysis
+from hlo_doctor.cli.common import emit, fail, run_analysis, source_settings
 from hlo_doctor.errors import InputError
 from hlo_doctor.hlo import ParseError
+from hlo_doctor.program.locate import SourceSettings
 from hlo_doctor.report import render
 from hlo_doctor.report.json import SCHEMA_VERSION
 from hlo_doctor.report.source import SourcePolicy
@@ -43,6 +44,7 @@ class OutputOptions:
     statistics: bool = False
     exit_zero: bool = False
     show_source_anywhere: bool = False
+    path_map: tuple[str, ...] = ()
 
     @classmethod
     def pop_from(cls, options: dict[str, Any]) -> OutputOptions:
@@ -69,7 +71,8 @@ def analyze_or_exit(dump: str, config: Config, verbose: bool, registry, jobs: in
         raise InputError("--statistics prints text; leave out --format or use --format text")
     if out.output_format == "html" and out.output is None:
         raise InputError("--format html writes a file: add -o report.html")
-    return run_analysis(dump, config, verbose, registry, jobs, drawings=out.output_format == "html")
+    return run_analysis(dump, config, verbose, registry, jobs, drawings=out.output_format == "html",
+                        sources=source_settings(config, out.path_map, out.show_source_anywhere))
 
 
 def failure_document(dump: str, message: str) -> str:
@@ -84,17 +87,21 @@ def failure_document(dump: str, message: str) -> str:
         "findings": [],
         "skipped": [],
         "errors": [{"path": dump, "module": None, "message": message}],
+        "sources": [],
     }
     return json.dumps(document, indent=2) + "\n"
 
 
-def write_report(report: Report, out: OutputOptions) -> None:
-    """Render ``report`` as ``out`` asks, to stdout or (atomically) to ``out.output``."""
+def write_report(report: Report, out: OutputOptions, config: Config | None = None) -> None:
+    """Render ``report`` as ``out`` asks, to stdout or (atomically) to ``out.output``; source lines are
+    quoted from the files the analysis read (found with ``config``'s and ``out``'s path maps)."""
 
     if out.statistics:
         emit(render_statistics(report), out.output)
         return
-    sources = SourcePolicy.default(dump=report.dump, anywhere=out.show_source_anywhere)
+    settings = source_settings(config, out.path_map, out.show_source_anywhere) if config is not None else \
+        SourceSettings(anywhere=out.show_source_anywhere)
+    sources = SourcePolicy.of(settings, report.dump)
     text = render(report, out.output_format, color=None if out.output is None else False, quiet=out.quiet,
                   sources=sources)
     emit(text, out.output)

@@ -11,6 +11,7 @@ import click
 
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.examples import EXAMPLES, get_example
+from hlo_doctor.program.locate import SourceSettings
 from hlo_doctor.report.source import SourcePolicy
 from hlo_doctor.report.text import render_text
 from hlo_doctor.runner.detect import FrameworkError, detect_framework
@@ -63,10 +64,11 @@ def _summarize(result: RunResult) -> None:
         click.echo(f"mesh ({axes}) devices {mesh['device_ids']}")
 
 
-def _analyze(dump_dir: Path) -> None:
-    report = analyze_dump(dump_dir, drawings=False)  # a text report
-    # The runner wrote this dump's record in this invocation: its program may be quoted.
-    sources = SourcePolicy.default(report.program, dump=report.dump)
+def _analyze(dump_dir: Path, program: str | None) -> None:
+    # The runner ran ``program`` in this invocation: its folder may be read and quoted.
+    settings = SourceSettings(programs=(program,) if program else ())
+    report = analyze_dump(dump_dir, drawings=False, sources=settings)  # a text report
+    sources = SourcePolicy.of(settings, report.dump)
     click.echo(render_text(report, color=False, width=100, sources=sources).rstrip("\n"))
 
 
@@ -160,7 +162,9 @@ def run_command(dump_dir, framework, devices, devices_per_host, shardy, no_analy
     if no_analyze:
         click.echo(f"dump: {result.dump_dir}")
     else:
-        _analyze(result.dump_dir)
+        script = result.sidecar.get("script")  # the record this invocation's runner wrote
+        path = script.get("path") if isinstance(script, dict) else None
+        _analyze(result.dump_dir, path if isinstance(path, str) else None)
 
 
 @click.command("examples")

@@ -17,11 +17,13 @@ exit 2.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 
 import click
 
+from hlo_doctor.config import load_config
 from hlo_doctor.dump import load_dump
 from hlo_doctor.errors import InputError, one_line
 from hlo_doctor.graph.dataflow import build_graph
@@ -31,6 +33,7 @@ from hlo_doctor.graph.sharding import device_tile_indices, shard_shape, tiles_pe
 from hlo_doctor.graph.shardy_origins import find_origins_file, read_origins
 from hlo_doctor.graph.source import user_frame_of
 from hlo_doctor.hlo.errors import ParseError
+from hlo_doctor.program.locate import SourceFinder, SourceSettings, parse_path_maps
 from hlo_doctor.report.safe import plain, plain_block
 from hlo_doctor.semantics.parameters import torch_parameter_names
 
@@ -151,6 +154,30 @@ def provenance_json(result) -> dict:
     }
 
 
+_PATH_MAP = click.option(
+    "--path-map", "path_map", multiple=True, metavar="RECORDED=LOCAL",
+    help="The program files the dump recorded below RECORDED are at LOCAL here (repeatable; with "
+         "[tool.hlo-doctor] path-map): source lines are shown as the files found here.")
+
+
+def _finder(dump: str, pairs: tuple[str, ...]) -> SourceFinder:
+    """How the program files the dump names are found here (as ``analyze`` finds them)."""
+    try:
+        path_map = tuple(load_config().path_map.value) + parse_path_maps(pairs)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    return SourceFinder(SourceSettings(path_map), dump)
+
+
+def _where(finder: SourceFinder, file: str, line: int) -> str:
+    """``file:line`` as found here (relative to the current directory when below it), else as recorded."""
+    local = finder.local(file)
+    if local is None:
+        return f"{file}:{line}"
+    relative = os.path.relpath(local)
+    return f"{local if relative.startswith('..') else relative}:{line}"
+
+
 def _fail(error: Exception) -> None:
     click.echo(f"error: {plain(one_line(str(error)))}", err=True)
     sys.exit(2)
@@ -232,7 +259,9 @@ def _explain_lookups(dump: str, op: str, module_name: str | None):
 @click.argument("op", metavar="OP")
 @click.option("--module", "module_name", default=None, help="Module name (default: every module with OP).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def explain_command(dump: str, op: str, module_name: str | None, output_format: str) -> None:
+@_PATH_MAP
+def explain_command(dump: str, op: str, module_name: str | None, output_format: str,
+                    path_map: tuple[str, ...] = ()) -> None:
     """Explain where OP's sharding came from, axis by axis.
 
     OP is a name after propagation, or one of the after-partitioning names
@@ -240,6 +269,7 @@ def explain_command(dump: str, op: str, module_name: str | None, output_format: 
     """
 
     try:
+        finder = _finder(dump, path_map)
         results = _explain_lookups(dump, op, module_name)
     except (InputError, ParseError, OSError) as error:
         _fail(error)
@@ -258,12 +288,12 @@ def explain_command(dump: str, op: str, module_name: str | None, output_format: 
         if not result.origins:
             click.echo("  no sharded axis")
         for axis, origin in result.origins.items():
-            where = f" {origin.source.file}:{origin.source.line}" if origin.source else ""
+            where = f" {_where(finder, origin.source.file, origin.source.line)}" if origin.source else ""
             index = f" {origin.index}" if origin.index is not None else ""
             click.echo(plain(f"  axis {axis}: {origin.kind}{index} at %{origin.instruction}{where}"
                              + ("  (Shardy)" if origin.from_shardy else "")))
             for step in result.paths.get(axis, []):
-                src = f"  {step.source.file}:{step.source.line}" if step.source else ""
+                src = f"  {_where(finder, step.source.file, step.source.line)}" if step.source else ""
                 click.echo(plain(f"    <- %{step.key[1]} ({step.opcode}, {step.sharding}) via {step.via}{src}"))
         if result.collectives:
             click.echo(plain("  inserted by the partitioner: " + ", ".join(f"%{c}" for c in result.collectives)))
@@ -310,7 +340,9 @@ def _per_device(instruction) -> str:
               help="Draw how this op's array splits over the devices (a name after propagation, or an "
                    "after-partitioning name as findings print them).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def show_command(dump: str, module_name: str | None, op: str | None, output_format: str) -> None:
+@_PATH_MAP
+def show_command(dump: str, module_name: str | None, op: str | None, output_format: str,
+                 path_map: tuple[str, ...] = ()) -> None:
     """Show each op's shape, shardings, per-device shape and source line."""
     from rich.console import Console
     from rich.table import Table
@@ -320,6 +352,7 @@ def show_command(dump: str, module_name: str | None, op: str | None, output_form
     console = Console(highlight=False)
     documents = []
     try:
+        finder = _finder(dump, path_map)
         loaded, modules = _load(dump, module_name)
         for dump_module in modules:
             context = load_context(dump_module, loaded.run_record)
@@ -364,7 +397,7 @@ def show_command(dump: str, module_name: str | None, op: str | None, output_form
                 name = row["op"] if row["entry"] else f"{row['computation']}/{row['op']}"
                 if row["parameter"]:
                     name += f" ({row['parameter']})"
-                source = row["source"].rsplit("/", 1)[-1] if row["source"] else ""
+                source = _shown_source(finder, row["source"])
                 table.add_row(*(Text(plain(cell)) for cell in (name, row["shape"], row["before"], row["after"],
                                                               row["per_device"], source)))
             console.print(table)
@@ -374,6 +407,18 @@ def show_command(dump: str, module_name: str | None, op: str | None, output_form
         _fail(error)
     if output_format == "json":
         click.echo(json.dumps(documents[0] if op is not None and len(documents) == 1 else documents, indent=2))
+
+
+def _shown_source(finder: SourceFinder, source: str | None) -> str:
+    """show's source column: the file's name and line, or where it was found here when a path map
+    or the recorded path's tail found it (not at the recorded path)."""
+    if not source:
+        return ""
+    file, _, line = source.rpartition(":")
+    found = finder.find(file)
+    if found.how in ("path-map", "suffix") and line.isdigit():
+        return _where(finder, file, int(line))
+    return source.rsplit("/", 1)[-1]
 
 
 def split_cells(instruction) -> list[dict]:

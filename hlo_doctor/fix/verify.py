@@ -45,6 +45,8 @@ from hlo_doctor.findings import Finding, Report, Severity
 from hlo_doctor.fingerprint import module_family
 from hlo_doctor.fix.flags import SET_OUTSIDE
 from hlo_doctor.gate.matching import FindingOutcome, LineMap, match_findings
+from hlo_doctor.program.locate import SourceSettings
+from hlo_doctor.program.records import recorded_program
 from hlo_doctor.rules._batch import parameter_name
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.runner.run import RunError, run_script
@@ -311,7 +313,9 @@ def _import_env(*paths: Path, without_flags: Sequence[str] = ()) -> dict[str, st
 
 def _diagnose(dump_dir: Path, options: Mapping[str, Any]) -> tuple[Report, Traffic]:
     dump = load_dump(dump_dir)
-    report = analyze_dump(dump, **options)
+    # The runner wrote this dump's record in this invocation: the program it ran may be read.
+    ran = recorded_program(dump.run_record)
+    report = analyze_dump(dump, **{"sources": SourceSettings(programs=(ran,) if ran else ()), **options})
     return report, dump_traffic(dump, devices_per_host=options.get("devices_per_host"))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from hlo_doctor.graph.source import is_library_file
 
-__all__ = ["record_entries", "user_line"]
+__all__ = ["record_entries", "recorded_program", "user_line"]
 
 
 def user_line(entry: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -37,3 +37,14 @@ def record_entries(record: Mapping[str, Any] | None, *path: str) -> Iterable[Map
     for key in path:
         value = value.get(key) if isinstance(value, Mapping) else None
     return [e for e in value if isinstance(e, Mapping)] if isinstance(value, list) else []
+
+
+def recorded_program(record: Mapping[str, Any] | None) -> str | None:
+    """The script the runner ran, as its record names it (``script.path``), or None.
+
+    The record is part of the dump: trust it to widen what may be read only when the runner
+    wrote it in this same invocation (``run``, ``fix --verify``).
+    """
+    script = record.get("script") if isinstance(record, Mapping) else None
+    path = script.get("path") if isinstance(script, Mapping) else None
+    return path if isinstance(path, str) else None

@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 from typing import TypeVar
 
-from hlo_doctor.examples.registry import local_program_file
+from hlo_doctor.program.locate import READ_LIMIT, current_finder
 
-__all__ = ["call_name", "literal_values", "parsed_program", "program_mesh_axes", "program_text", "recorded_parameter_path"]
+__all__ = ["call_name", "literal_values", "parsed_program", "program_line", "program_mesh_axes", "program_text",
+           "recorded_parameter_path"]
 
 # call name -> the position of its axis names argument (keyword ``axis_names`` always counts)
 _MESH_CALLS = {"Mesh": (2, 1), "HybridMesh": (), "make_mesh": (1,), "DeviceMesh": (1,)}
-_READ_LIMIT = 2_000_000
 
 
 T = TypeVar("T")
@@ -30,16 +30,23 @@ Names = tuple[str, ...]
 Shape = tuple[int, ...] | None
 
 
-def parsed_program(path: str | None) -> ast.Module | None:
-    """The user's program at ``path`` parsed once per version of the file (None: unreadable, too big)."""
-    local = local_program_file(path) if path else None
+def _local(path: str | None) -> tuple[str, float] | None:
+    """The file read for the recorded ``path`` and its mtime, found and confined by the analysis'
+    :class:`~hlo_doctor.program.locate.SourceFinder`; None: not found, not allowed, too big."""
+    local = current_finder().local(path) if path else None
     if local is None:
         return None
     try:
-        mtime = local.stat().st_mtime
-    except OSError:
+        return str(local), local.stat().st_mtime
+    except (OSError, ValueError):
         return None
-    return _parse(str(local), mtime)
+
+
+def parsed_program(path: str | None) -> ast.Module | None:
+    """The user's program recorded as ``path`` parsed once per version of the file (None: not
+    found here, outside the allowed folders, too big, or not Python)."""
+    local = _local(path)
+    return _parse(*local) if local is not None else None
 
 
 def call_name(call: ast.Call) -> str:
@@ -49,25 +56,33 @@ def call_name(call: ast.Call) -> str:
 
 
 def program_text(path: str | None) -> str | None:
-    """The text of the user's program at ``path`` (as :func:`parsed_program` reads it), or None."""
-    local = local_program_file(path) if path else None
-    if local is None:
-        return None
-    try:
-        return _read(str(local), local.stat().st_mtime)
-    except OSError:
-        return None
+    """The text of the user's program recorded as ``path`` (as :func:`parsed_program` reads it), or None."""
+    local = _local(path)
+    return _read(*local) if local is not None else None
+
+
+def program_line(path: str | None, line: int) -> str:
+    """Line ``line`` (1-based) of the user's program recorded as ``path``; "" when not read."""
+    local = _local(path) if line > 0 else None
+    lines = _lines(*local) if local is not None else ()
+    return lines[line - 1] if line <= len(lines) else ""
 
 
 @functools.lru_cache(maxsize=32)
 def _read(path: str, mtime: float) -> str | None:
     try:
         file = Path(path)
-        if file.stat().st_size > _READ_LIMIT:
+        if file.stat().st_size > READ_LIMIT:
             return None
         return file.read_text(encoding="utf-8", errors="replace")
     except (OSError, ValueError):
         return None
+
+
+@functools.lru_cache(maxsize=32)
+def _lines(path: str, mtime: float) -> tuple[str, ...]:
+    text = _read(path, mtime)
+    return tuple(text.splitlines()) if text is not None else ()
 
 
 @functools.lru_cache(maxsize=32)

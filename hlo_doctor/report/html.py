@@ -24,7 +24,7 @@ from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.pictures import INVENTORY_KEYS, FindingPictures
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
-from hlo_doctor.report.source import SourcePolicy, source_lines
+from hlo_doctor.report.source import SourcePolicy, source_lines, sources_summary
 from hlo_doctor.report.svg import Bar, bars_svg, dataflow_svg, mesh_svg
 from hlo_doctor.report.symptoms import symptom_kinds, symptoms_of
 from hlo_doctor.report.text import bytes_line, fixes_for
@@ -88,6 +88,7 @@ def _header(report: Report) -> str:
         lines.append(f"<p class=\"skipped\">not judged: <code>{html_text(rule)}</code>{where}: {html_text(reason)}</p>")
     for error in report.errors:
         lines.append(f"<p class=\"error\">error: {html_text(relative_path(error.path))}: {html_text(error.message)}</p>")
+    lines += [f"<p class=\"sources\">{html_text(line)}</p>" for line in sources_summary(report.sources)]
     if not report.drawings:
         lines.append("<p class=\"note\">pictures and inventories left out: the analysis did not make them "
                      "(analyze_dump(..., drawings=True) does)</p>")

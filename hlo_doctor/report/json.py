@@ -64,6 +64,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "findings": [finding_to_dict(f) for f in report.findings],
         "skipped": [{"rule": s.rule, "module": s.module, "reason": s.reason} for s in report.skipped],
         "errors": [{"path": e.path, "module": e.module, "message": e.message} for e in report.errors],
+        "sources": [{"recorded": s.recorded, "local": s.local, "how": s.how} for s in report.sources],
     }
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from hlo_doctor.findings import Finding, Severity, Suggestion
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import plain
-from hlo_doctor.report.source import SourcePolicy, source_lines
+from hlo_doctor.report.source import SourcePolicy, source_lines, sources_summary
 from hlo_doctor.report.symptoms import symptom_kinds, symptoms_of
 from hlo_doctor.units import format_bytes
 
@@ -242,6 +242,7 @@ def _summary(report: Report, style: _Style) -> str:
                          f"{module.num_partitions or '?'} partitions): {collectives}")
     for error in report.errors:
         lines.append(style(f"error: {plain(relative_path(error.path))}: {plain(error.message)}", "31"))
+    lines += [style(plain(line), "2") for line in sources_summary(report.sources)]
     lines.append(style(_found_line(report), "1"))
     count = len(report.rules)
     lines.append(f"{count} rule{'s' if count != 1 else ''} ran")

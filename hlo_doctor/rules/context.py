@@ -7,7 +7,6 @@ first time a rule asks for it, so a dozen rules cost little more than one.
 
 from __future__ import annotations
 
-import linecache
 import os
 import re
 from dataclasses import dataclass
@@ -15,14 +14,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from hlo_doctor.dump import Dump, DumpModule, Role
-from hlo_doctor.files import is_small_file
 from hlo_doctor.graph.collectives import Collective, find_collectives
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
-from hlo_doctor.program.source import program_mesh_axes
+from hlo_doctor.program.locate import SourceSettings
+from hlo_doctor.program.source import program_line, program_mesh_axes
 from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
@@ -49,6 +48,9 @@ class AnalysisOptions:
     devices_per_host: int | None = None
     hardware: HardwareProfile | None = None
     verbose: bool = False
+    sources: SourceSettings = SourceSettings()
+    """how the program's files are found and which folders may be read (the analysis sets up the
+    :class:`~hlo_doctor.program.locate.SourceFinder` every read of the program goes through)"""
 
 
 class RuleContext:
@@ -373,7 +375,7 @@ _SHARDING_CALLS = re.compile(r"\b(with_sharding_constraint|mark_sharding|with_lo
 
 def _calls_sharding_api(path: str, line: int) -> bool:
     """Whether the source line calls a sharding API (the body of a constraint helper)."""
-    text = linecache.getline(path, line) if path and line and is_small_file(path) else ""
+    text = program_line(path, line) if path and line else ""
     return bool(_SHARDING_CALLS.search(text))
 
 
