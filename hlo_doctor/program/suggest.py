@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hlo_doctor.findings import SourceEdit
+from hlo_doctor.program.locate import current_finder
 from hlo_doctor.program.source import call_name, parsed_program
 
 DimAxes = Sequence[str] | None  # the mesh axes one tensor dim is sharded over (None: not sharded)
@@ -127,6 +128,21 @@ def rename_value(code: str | None, placeholder: str, name: str) -> str | None:
     return re.sub(rf"(?<![\w.'\"]){re.escape(placeholder)}(?![\w'\"])", lambda _: name, code)
 
 
+_UNREAD = {
+    "missing": "not found on this machine (pass --path-map RECORDED=LOCAL)",
+    "outside": "outside the project and the dump (--show-source-anywhere reads it)",
+    "too-big": "too big to parse",
+}
+
+
+def _why_unread(recorded: str | None) -> str | None:
+    """Why the program file ``recorded`` was not read (None: it was, or nothing names it)."""
+    if not recorded:
+        return None
+    how = current_finder().find(recorded).how
+    return _UNREAD.get(how)
+
+
 def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201 - a Finding
     """``finding`` with its suggested code written for the variable its source line assigns.
 
@@ -147,13 +163,16 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
     name = assigned_name(source.file, source.line)
     mesh = mesh_expression(source.file, source.line)
     if name is None:  # the line names no value: the code says so with a placeholder, never a made-up name
-        note = f" (line {source.line} assigns no variable: bind its result to a variable and constrain that)"
+        unread = _why_unread(source.file)
+        note = (f" (line {source.line} assigns no variable: bind its result to a variable and constrain that)"
+                if unread is None else f" ({source.file} was not read: {unread}; the variable is unknown)")
         if note in suggestion.summary:
             return finding
         edits = tuple(e for e in suggestion.edits if not (e.kind == "constrain" and e.target == placeholder))
         no_edit = suggestion.no_edit
         if len(edits) < len(suggestion.edits):
-            no_edit = f"line {source.line} assigns no variable to constrain"
+            no_edit = (f"line {source.line} assigns no variable to constrain" if unread is None
+                       else f"{source.file} was not read here ({unread})")
         jax_code = rename_value(suggestion.jax, placeholder, "<activation>")
         torch_code = rename_value(suggestion.torch_xla, placeholder, "<activation>")
         if mesh is not None and mesh != "mesh":
