@@ -99,3 +99,34 @@ def test_a_probe_with_a_replicating_axis_fires_with_positional_names_said_so(tmp
     (finding,) = analyze_dump(_probe(tmp_path, _HALF_REPLICATED), select=["replicated-batch"]).findings
     assert finding.evidence["replicated_axes"] == ["axis_1"] and finding.evidence["rows_per_device"] == 4
     assert "positional" in finding.suggestion.summary  # the dump names no mesh axes
+
+
+# Hand-written probe: the input split over both axes of a 2x2 mesh, then a sharding constraint
+# (GSPMD's custom-call to Sharding) that keeps the batch on the first axis alone.
+_REGROUPED = """\
+HloModule probe_regroup, num_partitions=4
+
+ENTRY %main (x: f32[8,64], w1: f32[64,64], w2: f32[64,64]) -> f32[8,64] {
+  %x = f32[8,64]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}, metadata={op_name="x"}
+  %w1 = f32[64,64]{1,0} parameter(1), sharding={replicated}, metadata={op_name="w1"}
+  %w2 = f32[64,64]{1,0} parameter(2), sharding={replicated}, metadata={op_name="w2"}
+  %h = f32[8,64]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}
+  %c = f32[8,64]{1,0} custom-call(%h), custom_call_target="Sharding", sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+  %h2 = f32[8,64]{1,0} dot(%c, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+  ROOT %h3 = f32[8,64]{1,0} dot(%h2, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+}
+"""
+
+
+def test_a_batch_regrouped_off_an_axis_mid_graph_is_found_at_its_constraint(tmp_path):
+    (finding,) = analyze_dump(_probe(tmp_path, _REGROUPED), select=["replicated-batch"]).findings
+    assert finding.instruction == "c" and finding.evidence["regrouped"] is True
+    assert finding.evidence["redundancy_factor"] == 2
+    assert len(finding.evidence["batch_axes"]) == 2 and finding.evidence["replicated_axes"][0] in finding.evidence["batch_axes"]
+    assert finding.evidence["repeated_flops_fraction"] == pytest.approx(2 / 3, abs=1e-3)  # h2 and h3 of 3 dots
+    assert "regrouped off mesh axis" in finding.message
+
+
+def test_a_batch_kept_on_every_axis_is_not_regrouped(tmp_path):
+    kept = _REGROUPED.replace("{devices=[2,1,2]<=[4] last_tile_dim_replicate}", "{devices=[4,1]<=[4]}")
+    assert analyze_dump(_probe(tmp_path, kept), select=["replicated-batch"]).findings == ()

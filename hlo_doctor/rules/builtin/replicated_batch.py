@@ -13,13 +13,12 @@ from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.attr_sharding import parse_sharding
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind, attribute_of_each
-from hlo_doctor.program.levers import jax_argument_constraint, with_lever
+from hlo_doctor.program.levers import jax_argument_constraint
 from hlo_doctor.program.records import record_entries, user_line
 from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
-from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
-from hlo_doctor.rules._program_files import dump_program, program_axis_names
+from hlo_doctor.rules._regroup import regrouped_batch, torch_batch_lever
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -35,6 +34,9 @@ _DOTS = MATMULS
 class ReplicatedBatchOptions:
     min_redundant_fraction: float = 0.05
     """Fire when at least this share of the activation matmuls' FLOPs is repeated along an axis."""
+    min_regrouped_fraction: float = 0.25
+    """Fire for an axis the batch input is split over when at least this share of the activation
+    matmuls' FLOPs repeats along it (the batch regrouped off it mid-graph)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,16 @@ class ReplicatedBatch(Rule):
     ``activation-gather`` roles) that put feature-split layer outputs back
     together over the weights' axes: each device then runs the whole batch
     against its slice of every weight and waits on a gather every layer.
+
+    The batch can also leave an axis mid-graph: split over ('data', 'fsdp')
+    at the input, then put on 'fsdp' alone by a sharding constraint (a
+    ``with_sharding_constraint``, a ``mark_sharding``, FSDPv2's default
+    ``shard_output``). When at least ``min_regrouped_fraction`` of the
+    activation matmuls' FLOPs repeat along an axis the input is split over,
+    the finding is at that constraint (the first one the batch reaches that
+    leaves the axis out), its fix the constraint's spec with the batch dim on
+    all the input's axes, and the activation traffic over the axis is folded
+    into it as symptoms.
 
     A program that shards nothing at all on several devices (the batch input
     placed whole on the mesh, every weight replicated: a data-parallel step
@@ -126,6 +138,8 @@ class ReplicatedBatch(Rule):
 
     * ``min_redundant_fraction`` (float, default 0.05): the share of the
       activation matmuls' FLOPs that must repeat along an axis.
+    * ``min_regrouped_fraction`` (float, default 0.25): the share that must
+      repeat along an axis the batch input is split over (a mid-graph regroup).
     """
 
     id = "replicated-batch"
@@ -150,39 +164,49 @@ class ReplicatedBatch(Rule):
         # whole): every device computes every row, the redundancy at its largest.
         batch_axes = set(ctx.semantics.batch_split_axes)
         candidates = {a for a in mesh.axis_names if mesh.axis_size(a) > 1} - batch_axes
-        if not candidates:
-            return
-        if not used and not _main_step(ctx, per_device, params, mesh, candidates):
+        if not used and (not candidates or not _main_step(ctx, per_device, params, mesh, candidates)):
             return
         if not batch_axes and used:
             found = self._gathered_instead(ctx, per_device, params, mesh, used)
             if found is not None:
                 yield found
                 return
-        else:
-            # An axis that carries tensor-parallel traffic splits some activation matmul: it is not
-            # an axis along which every matmul repeats (see the docstring).
-            traffic = {a.split(":(")[0] for r in ctx.semantics.roles if r.role in ACTIVATION_ROLES
-                       for a in r.facts.op.mesh_axes or ()}
+        # An axis that carries tensor-parallel traffic splits some activation matmul: it is not
+        # an axis along which every matmul repeats (see the docstring).
+        traffic = {a.split(":(")[0] for r in ctx.semantics.roles if r.role in ACTIVATION_ROLES
+                   for a in r.facts.op.mesh_axes or ()}
+        if batch_axes:
             candidates -= traffic
-            if not candidates:
-                return
+        regroup_axes = set(batch_axes)  # activation traffic over a batch axis is the regroup's symptom, not TP
+        if not candidates and not regroup_axes:
+            return
         module = ctx.sharded
         if module is None or module.entry is None:
             raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
         graph = ctx.sharded_graph
         assert graph is not None
-        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates, whole_program=not used)
+        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates | regroup_axes,
+                                                whole_program=not used)
         if activation_flops <= 0:
             return
         # An axis that splits some activation matmul is a tensor-parallel axis: work repeated along it
         # means those layers' weights are not split over it (replicated-large-parameter), not a lost
         # batch, unless the batch is split over no axis at all (weights marked, inputs not: the seed).
-        replicating = [a for a in axes if a.flops >= self.options.min_redundant_fraction * activation_flops
+        replicating = [a for a in axes if a.name in candidates
+                       and a.flops >= self.options.min_redundant_fraction * activation_flops
                        and (a.flops >= activation_flops * (1 - 1e-9) or not batch_axes)]
         if replicating:
             yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops,
                                 whole_program=not used)
+            return
+        # An axis the input is split over, along which much of the work repeats: regrouped mid-graph.
+        regrouped = [a for a in axes if a.name in regroup_axes
+                     and a.flops >= self.options.min_regrouped_fraction * activation_flops]
+        if regrouped:
+            found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
+                                    max(regrouped, key=lambda a: a.flops), activation_flops)
+            if found is not None:
+                yield found
 
     def _gathered_instead(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                           used: set[str]) -> Finding | None:
@@ -451,13 +475,7 @@ def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, bat
     call (and FSDPv2 wrappers get a shard_output); JAX constrains the traced function's argument,
     and rewrites the program's own constraints that pin the batch dim to fewer axes."""
     if ctx.framework == "torch_xla":
-        lever = torch_input_marks(ctx.dump.run_record, spec)
-        if lever is None and not ctx.dump.run_record:  # a dump made without the runner: the source alone
-            program = dump_program(ctx)
-            names = program_axis_names(ctx, program)  # positional axes -> the program's own
-            lever = torch_static_marks(program, [tuple(names.get(a, a) for a in d) if d else d for d in spec],
-                                       tuple(names.get(a, a) for a in batch_axes))
-        return with_lever(finding, lever, ctx.framework)
+        return torch_batch_lever(ctx, finding, spec, batch_axes)
     if ctx.framework != "jax" or finding.suggestion is None:
         return finding
     suggestion = finding.suggestion

@@ -1,0 +1,205 @@
+"""The batch regrouped off a mesh axis in the middle of the graph (for ``replicated-batch``).
+
+The data input is split over axes A and B; a constraint later in the graph (a
+``with_sharding_constraint``, a ``mark_sharding``, FSDPv2's default
+``shard_output``) puts the batch dim on A alone, so every matmul after it runs
+on the rows of A's shard: the devices along B compute the same data from there
+on. In the propagated module that shows as activation matmuls whose result and
+contracting dims are not split over B although the input is.
+
+Where it happens is the constraint: the first op that XLA marks as a sharding
+constraint (GSPMD's ``custom-call`` to ``Sharding``, Shardy's ``copy`` named
+``.../sharding_constraint``) whose sharding leaves B out while the batch input
+reaches it. A matmul before it keeps the split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from hlo_doctor.findings import SourceEdit
+from hlo_doctor.graph.dataflow import DataflowGraph
+from hlo_doctor.graph.mesh import Mesh, dim_axes
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, ShardingKind
+from hlo_doctor.program.levers import with_lever
+from hlo_doctor.program.spec_sites import spec_site
+from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
+from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
+from hlo_doctor.rules._batch import parameter_name, with_torch_source
+from hlo_doctor.rules._program_files import dump_program, program_axis_names
+from hlo_doctor.rules.base import Finding, Rule, Suggestion
+from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics import ACTIVATION_ROLES
+from hlo_doctor.semantics.parameters import EntryParameters
+
+__all__ = ["Regroup", "regroup_site", "regrouped_batch", "torch_batch_lever"]
+
+
+class RepeatedAxis(Protocol):
+    """An axis along which activation matmuls repeat (``replicated_batch._Axis``)."""
+
+    name: str
+    size: int
+    flops: float
+    dots: tuple[tuple[str, Instruction], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Regroup:
+    """The constraint that takes the batch off ``axis``: its computation, the op and its batch dim."""
+
+    computation: str
+    constraint: Instruction
+    batch_dim: int
+    spec: tuple[tuple[str, ...], ...]  # its sharding per dim, as mesh axes
+
+
+def is_constraint(instruction: Instruction) -> bool:
+    """A sharding constraint of the user's program, as XLA's dump writes it."""
+    if instruction.opcode == "custom-call":
+        return (instruction.attribute("custom_call_target") or "").strip('"') in ("Sharding", "xla.sdy.ShardingConstraint")
+    op_name = instruction.metadata.op_name if instruction.metadata is not None else ""
+    return instruction.opcode == "copy" and (op_name or "").rsplit("/", 1)[-1] == "sharding_constraint"
+
+
+def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh, axis: str,
+                 batch_axes: set[str]) -> Regroup | None:
+    """The first constraint (program order) that the batch input reaches and that shards one dim
+    over other batch axes but not over ``axis``: where the batch leaves ``axis``."""
+    data_bits = 0
+    for number in params.data:
+        data_bits |= 1 << number
+    for computation, instruction in module.instructions():
+        if not is_constraint(instruction) or instruction.shape.is_tuple or instruction.shape.rank < 1:
+            continue
+        sharding = instruction.sharding
+        if sharding is None or sharding.kind is not ShardingKind.TILED:
+            continue
+        node = graph.id_of((computation.name, instruction.name))
+        if node is None or not graph.parameter_bits(node) & data_bits:
+            continue
+        try:
+            per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+        except (ValueError, KeyError):
+            continue
+        if per_dim is None:
+            continue
+        spec = tuple(tuple(a.split(":(")[0] for a in dims) for dims in per_dim)
+        if any(axis in dims for dims in spec):
+            continue
+        batch_dim = next((d for d, dims in enumerate(spec) if set(dims) & batch_axes), None)
+        if batch_dim is None:
+            continue
+        return Regroup(_name(computation), instruction, batch_dim, spec)
+    return None
+
+
+def _name(computation: Computation) -> str:
+    return computation.name
+
+
+def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: DataflowGraph,
+                    params: EntryParameters, mesh: Mesh, batch_axes: set[str], repeated: RepeatedAxis,
+                    activation_flops: float) -> Finding | None:
+    """The finding for a batch split over ``repeated.name`` at the input and regrouped off it later."""
+    entry = module.entry
+    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
+            and p.shape.rank >= 1] if entry is not None else []
+    if not data or not repeated.dots:
+        return None
+    batch_input = max(data, key=lambda p: p.shape.byte_size)
+    input_name = parameter_name(ctx, batch_input, with_shape=False)
+    site = regroup_site(module, graph, params, mesh, repeated.name, batch_axes)
+    top_computation, top = repeated.dots[0]
+    combined = tuple(a for a in mesh.axis_names if a in batch_axes)
+    others = tuple(a for a in combined if a != repeated.name)
+    share = repeated.flops / activation_flops
+    axis = repr(repeated.name)
+    if site is not None:
+        old = site.spec
+        where = (f"the sharding constraint {site.constraint.name} ({site.constraint.shape}) puts its batch dim "
+                 f"{site.batch_dim} on {'/'.join(repr(a) for a in old[site.batch_dim])} alone")
+        anchor, anchor_computation = site.constraint, site.computation
+    else:
+        anchor, anchor_computation = top, top_computation
+        old = _spec_of(anchor, mesh) or tuple(() for _ in range(anchor.shape.rank))
+        where = "later activations leave it out"
+    batch_dim = site.batch_dim if site is not None else next(
+        (d for d, dims in enumerate(old) if set(dims) & batch_axes), 0)
+    new: list[tuple[str, ...] | None] = [dims or None for dims in old]
+    new[batch_dim] = combined
+    message = (
+        f"the batch is regrouped off mesh axis {axis} mid-graph: the batch input {input_name} "
+        f"({batch_input.shape}) is split over {'/'.join(repr(a) for a in combined)}, but {where}, so "
+        f"{share:.0%} of the matmul FLOPs on activations repeat along {axis}: its {repeated.size} devices "
+        f"compute the same rows from there on (e.g. {top.name} {top.shape}, split over "
+        f"{'/'.join(repr(a) for a in others) or 'no batch axis'} only)"
+    )
+    jax_code, torch_code = constraint_code(new, "h")
+    summary = (
+        f"Keep the batch dim on {'/'.join(repr(a) for a in combined)} there, as at the input ({jax_spec(new)}): "
+        f"the matmuls after it then take 1/{repeated.size} of today's rows per device; it moves nothing new "
+        "(the batch is already split this way when it arrives)."
+    )
+    # the activation traffic over the axis is the regroup's symptom (per-device collective names)
+    traffic = tuple(r.facts.instruction for r in ctx.semantics.roles if r.role in ACTIVATION_ROLES
+                    and repeated.name in {a.split(":(")[0] for a in r.facts.op.mesh_axes or ()})
+    partitioned = ctx.partitioned_names([(anchor_computation, anchor.name)])
+    finding = rule.finding(
+        ctx, message, instruction=anchor, name=partitioned.get((anchor_computation, anchor.name)),
+        source_from=anchor,
+        related=(*traffic, *(d.name for _, d in repeated.dots[:6] if d is not anchor)),
+        suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code,
+                              edits=constraint_edit(new, ctx.framework, "h")),
+        evidence={
+            "replicated_axes": [repeated.name],
+            "redundancy_factor": repeated.size,
+            "batch_axes": sorted(batch_axes),
+            "regrouped": True,
+            "batch_input": input_name,
+            "constraint": site.constraint.name if site is not None else None,
+            "constraint_spec": [list(d) for d in old],
+            "repeated_flops_fraction": round(share, 4),
+            "repeated_matmuls": len(repeated.dots),
+        },
+    )
+    finding = with_torch_source(ctx, finding, module, anchor)
+    if ctx.framework == "torch_xla":
+        return torch_batch_lever(ctx, finding, new, others)
+    finding = with_user_variable(finding, "h")
+    source = finding.source
+    if site is None or source is None or finding.suggestion is None:
+        return finding
+    respec = spec_site(source.file, source.line, old)
+    if respec is None:
+        return finding
+    edit = SourceEdit("respec", ctx.framework or "jax", spec=tuple(new), old_spec=old, file=source.file,
+                      line=respec.line)
+    return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))
+
+
+def _spec_of(instruction: Instruction, mesh: Mesh) -> tuple[tuple[str, ...], ...] | None:
+    sharding = instruction.sharding
+    if sharding is None or sharding.kind is not ShardingKind.TILED:
+        return None
+    try:
+        per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+    except (ValueError, KeyError):
+        return None
+    return None if per_dim is None else tuple(tuple(a.split(":(")[0] for a in d) for d in per_dim)
+
+
+def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_axes: tuple[str, ...]) -> Finding:
+    """The batch sharding where a torch_xla program sets it: the marks on the model's inputs (from
+    the runner's record) or, on a dump made without the runner, the program's own marks and FSDPv2
+    ``shard_output`` read from its source."""
+    lever = torch_input_marks(ctx.dump.run_record, list(spec))
+    if lever is None and not ctx.dump.run_record:
+        program = dump_program(ctx)
+        names = program_axis_names(ctx, program)  # positional axes -> the program's own
+        lever = torch_static_marks(program, [tuple(names.get(a, a) for a in d) if d else d for d in spec],
+                                   tuple(names.get(a, a) for a in batch_axes))
+    return with_lever(finding, lever, ctx.framework)
