@@ -218,7 +218,11 @@ class _Labeller:
                 if nxt in seen:
                     continue
                 target = module.by_name.get(nxt[:2])
-                if target is None or target.opcode not in _PASS:
+                # a scatter(-add) onto the value passes it on: the tied embedding's head gradient is the
+                # base the lookup's row gradients are added to (TPU lowers the sum so); its updates do not
+                scatter_base = target is not None and target.opcode == "scatter" and \
+                    bool(target.operands) and target.operands[0] == node[1]
+                if target is None or (target.opcode not in _PASS and not scatter_base):
                     continue
                 if target.opcode == "custom-call" and "Sharding" not in target.attributes:
                     continue

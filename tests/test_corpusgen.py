@@ -78,6 +78,21 @@ def test_a_reduction_that_still_needs_a_contraction_is_not_a_gradient():
     assert roles["gs"] == ("gradient-reduce", "backward")
 
 
+def test_a_gradient_scattered_onto_is_still_a_gradient_but_scattered_rows_are_not_yet():
+    # Hand-written variation of a tied embedding's gradient as TPU lowers it: the reduced head
+    # gradient is the base a scatter(-add) adds the lookup's rows to, on its way to the update.
+    scatter = ("%zi = s32[4,1]{1,0} constant({{0},{1},{2},{3}})\n"
+               "  %sc = f32[64,32]{1,0} scatter(%gs, %zi, %hr), update_window_dims={1}, inserted_window_dims={0}, "
+               "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add\n"
+               "  %step = f32[64,32]{1,0} multiply(%sc, %lrb)")
+    text = _STEP.replace("%step = f32[64,32]{1,0} multiply(%gs, %lrb)", scatter).replace(
+        "%lr = f32[] constant(0.1)", "%hr = f32[4,32]{1,0} all-reduce(%h), channel_id=5, replica_groups={{0,1}}, "
+        "to_apply=%add, metadata={op_name=\"jit(step)/transpose(jvp())/x\"}\n  %lr = f32[] constant(0.1)")
+    roles = _roles(text)
+    assert roles["gs"] == ("gradient-reduce", "backward")
+    assert roles["hr"][0] != "gradient-reduce"  # the scattered rows still need the scatter to become one
+
+
 def test_groups_in_every_form_and_the_axes_they_span():
     # Hand-written collectives over a mesh ('a'=2, 'b'=4): partition id = 4 * a + b.
     mesh = [("a", 2), ("b", 4)]
