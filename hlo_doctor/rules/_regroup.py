@@ -113,22 +113,18 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     batch_input = max(data, key=lambda p: p.shape.byte_size)
     input_name = parameter_name(ctx, batch_input, with_shape=False)
     site = regroup_site(module, graph, params, mesh, repeated.name, batch_axes)
-    top_computation, top = repeated.dots[0]
+    if site is None:
+        return None  # no constraint of the program's regroups it: XLA's own choice, for the batch-traffic rules
+    _, top = repeated.dots[0]
     combined = tuple(a for a in mesh.axis_names if a in batch_axes)
     others = tuple(a for a in combined if a != repeated.name)
     share = repeated.flops / activation_flops
     axis = repr(repeated.name)
-    if site is not None:
-        old = site.spec
-        where = (f"the sharding constraint {site.constraint.name} ({site.constraint.shape}) puts its batch dim "
-                 f"{site.batch_dim} on {'/'.join(repr(a) for a in old[site.batch_dim])} alone")
-        anchor, anchor_computation = site.constraint, site.computation
-    else:
-        anchor, anchor_computation = top, top_computation
-        old = _spec_of(anchor, mesh) or tuple(() for _ in range(anchor.shape.rank))
-        where = "later activations leave it out"
-    batch_dim = site.batch_dim if site is not None else next(
-        (d for d, dims in enumerate(old) if set(dims) & batch_axes), 0)
+    old = site.spec
+    where = (f"the sharding constraint {site.constraint.name} ({site.constraint.shape}) puts its batch dim "
+             f"{site.batch_dim} on {'/'.join(repr(a) for a in old[site.batch_dim])} alone")
+    anchor, anchor_computation = site.constraint, site.computation
+    batch_dim = site.batch_dim
     new: list[tuple[str, ...] | None] = [dims or None for dims in old]
     new[batch_dim] = combined
     message = (
@@ -160,7 +156,7 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
             "batch_axes": sorted(batch_axes),
             "regrouped": True,
             "batch_input": input_name,
-            "constraint": site.constraint.name if site is not None else None,
+            "constraint": site.constraint.name,
             "constraint_spec": [list(d) for d in old],
             "repeated_flops_fraction": round(share, 4),
             "repeated_matmuls": len(repeated.dots),
@@ -171,7 +167,7 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
         return torch_batch_lever(ctx, finding, new, others)
     finding = with_user_variable(finding, "h")
     source = finding.source
-    if site is None or source is None or finding.suggestion is None:
+    if source is None or finding.suggestion is None:
         return finding
     respec = spec_site(source.file, source.line, old)
     if respec is None:
@@ -179,17 +175,6 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     edit = SourceEdit("respec", ctx.framework or "jax", spec=tuple(new), old_spec=old, file=source.file,
                       line=respec.line)
     return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))
-
-
-def _spec_of(instruction: Instruction, mesh: Mesh) -> tuple[tuple[str, ...], ...] | None:
-    sharding = instruction.sharding
-    if sharding is None or sharding.kind is not ShardingKind.TILED:
-        return None
-    try:
-        per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
-    except (ValueError, KeyError):
-        return None
-    return None if per_dim is None else tuple(tuple(a.split(":(")[0] for a in d) for d in per_dim)
 
 
 def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_axes: tuple[str, ...]) -> Finding:

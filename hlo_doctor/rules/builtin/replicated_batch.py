@@ -185,8 +185,7 @@ class ReplicatedBatch(Rule):
             raise RuleSkipped("no snapshot with propagated shardings (after propagation or before optimizations)")
         graph = ctx.sharded_graph
         assert graph is not None
-        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates | regroup_axes,
-                                                whole_program=not used)
+        activation_flops, axes = _repeated_work(module, graph, params, mesh, candidates | regroup_axes)
         if activation_flops <= 0:
             return
         # An axis that splits some activation matmul is a tensor-parallel axis: work repeated along it
@@ -408,11 +407,11 @@ def _axes_of(sharding: Sharding | None, instruction: Instruction, mesh: Mesh) ->
 
 
 def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh,
-                   candidates: set[str], whole_program: bool = False) -> tuple[float, list[_Axis]]:
+                   candidates: set[str]) -> tuple[float, list[_Axis]]:
     """The activation matmuls' FLOPs, and per candidate axis the FLOPs that repeat along it.
 
-    A matmul with no sharding is replicated when the program shards nothing (``whole_program``:
-    Shardy then writes no sharding on its ops); otherwise it is not judged."""
+    A matmul with no sharding is replicated: Shardy writes no sharding on a replicated op (every
+    op of a program that shards nothing, the weight-gradient dots of replicated weights)."""
     data_bits = 0
     for number in params.data:
         data_bits |= 1 << number
@@ -430,10 +429,12 @@ def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParamet
         if flops <= 0:
             continue
         total += flops
-        if (dot.sharding is None and not whole_program) or not candidates:
+        if not candidates:
             continue
-        split = set() if dot.sharding is None else \
-            _axes_of(dot.sharding, dot, mesh) | _contracting_axes(dot, computation, mesh)
+        # no sharding on the result: replicated (Shardy writes none on a replicated op, such as the
+        # weight-gradient dot of a replicated weight); its contracting dims may still be split
+        result_axes = set() if dot.sharding is None else _axes_of(dot.sharding, dot, mesh)
+        split = result_axes | _contracting_axes(dot, computation, mesh)
         for axis in candidates - split:
             repeated[axis].append((flops, computation.name, dot))
     axes = []
