@@ -196,10 +196,10 @@ class UpdateSearch:
         """Whether ``node`` is one weight's own value (moved, not computed); asked once per node."""
         found = self._weight_values.get(node)
         if found is None:
-            bits = self.graph.parameter_bits(node)
+            # the cheap structural test first: most nodes are computed, and fail it at once
+            bits = self.graph.parameter_bits(node) if is_parameter_value(self.graph, node) else 0
             found = self._weight_values[node] = bool(
-                bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in self._weights
-                and is_parameter_value(self.graph, node))
+                bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in self._weights)
         return found
 
 
