@@ -38,3 +38,38 @@ def test_backward_pass_holds_every_node_the_walk_succeeds_from(folder):
     missed = [graph.keys[node] for node, found in walked.items() if found and not search._may_reach(node)]
     assert not missed
     assert all(search.reaches_update(node) == found for node, found in walked.items())
+
+
+# Hand-written: a weight's gradient g carried in a tuple inside a tuple on its way to the update
+# (the backward pass's state nests tuples so: a loop's carry in a call's result). The walk enters
+# the outer tuple from any element of the inner one, so the backward pass must take every element.
+_NESTED = """\
+HloModule jit_step, input_output_alias={ {0}: (0, {}, may-alias) }, num_partitions=2
+
+ENTRY %main (w: f32[8,4], x: f32[2,8]) -> (f32[8,4]) {
+  %w = f32[8,4]{1,0} parameter(0), sharding={replicated}, metadata={op_name="params['w']"}
+  %x = f32[2,8]{1,0} parameter(1), sharding={devices=[2,1]<=[2]}, metadata={op_name="batch['x']"}
+  %h = f32[2,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %g = f32[8,4]{1,0} dot(%x, %h), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %inner = (f32[8,4]{1,0}) tuple(%g)
+  %outer = ((f32[8,4]{1,0})) tuple(%inner)
+  %gte.0 = (f32[8,4]{1,0}) get-tuple-element(%outer), index=0
+  %gte.1 = f32[8,4]{1,0} get-tuple-element(%gte.0), index=0
+  %new = f32[8,4]{1,0} subtract(%w, %gte.1)
+  ROOT %out = (f32[8,4]{1,0}) tuple(%new)
+}
+"""
+
+
+def test_a_gradient_in_nested_tuples_reaches_its_update(tmp_path):
+    folder = tmp_path / "nested"
+    folder.mkdir()
+    (folder / "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(_NESTED)
+    dump = load_dump(folder)
+    semantics = RuleContext(dump, dump.modules[0], AnalysisOptions()).semantics
+    graph, params, batch = semantics.view.graph, semantics.parameters, semantics.batch
+    assert graph is not None and params is not None and batch is not None and params.state
+    search = _Judge(graph, params, batch).updates
+    g = graph.id_of(("main", "g"))
+    assert g is not None and search._search_update(g)  # the premise: the walk gets there
+    assert search._may_reach(g) and search.reaches_update(g)
