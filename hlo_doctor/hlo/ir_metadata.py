@@ -53,9 +53,17 @@ class StackFrameTables:
     file_locations: Mapping[int, tuple[int, int, int, int | None]]
     # id -> (file_location_id, parent_frame_id)
     stack_frames: Mapping[int, tuple[int, int]]
+    # frame id -> its chain, once resolved (the ops of a layer share a few frames)
+    resolved: dict[int, tuple[StackFrame, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def resolve(self, frame_id: int) -> tuple[StackFrame, ...]:
         """The frame chain from ``frame_id`` up to the root, innermost first."""
+        found = self.resolved.get(frame_id)
+        if found is None:
+            found = self.resolved[frame_id] = self._resolve(frame_id)
+        return found
+
+    def _resolve(self, frame_id: int) -> tuple[StackFrame, ...]:
         chain: list[StackFrame] = []
         seen: set[int] = set()
         current = frame_id

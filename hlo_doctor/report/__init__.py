@@ -60,11 +60,12 @@ def render(
         return render_sarif(findings, rules, fingerprints=occurrence_fingerprints(findings), baseline_states=states)
     if output_format == "markdown":
         baselined = None if report.baselined is None else len(report.baselined)
-        return render_markdown(report.findings, modules=len(report.modules), baselined=baselined)
+        return render_markdown(report.findings, modules=len(report.modules), baselined=baselined,
+                               frameworks=_frameworks(report))
     if output_format == "html":
         return render_html(report, sources=sources)
     if output_format == "github":
-        return render_github(report.findings)
+        return render_github(report.findings, _frameworks(report))
     if output_format == "text":
         if color is None:
             color = sys.stdout.isatty()
@@ -72,3 +73,8 @@ def render(
             width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
         return render_text(report, color=color, width=width, quiet=quiet, sources=sources)
     raise ConfigurationError(f"unknown format {output_format!r} (choose {', '.join(FORMATS)})")
+
+
+def _frameworks(report: Report) -> dict[str, str | None]:
+    """Each module's framework by its key (what findings name as their module)."""
+    return {module.key: module.framework for module in report.modules}

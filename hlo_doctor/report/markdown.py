@@ -8,10 +8,11 @@ name cannot make a link, an image or a table cell of its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hlo_doctor.findings import Finding, Severity
 from hlo_doctor.report.safe import md_code, md_fence, md_text
+from hlo_doctor.report.text import fixes_for
 
 
 def _where(finding: Finding, *, in_table: bool) -> str:
@@ -32,10 +33,13 @@ def render_markdown(
     title: str = "hlo-doctor",
     modules: int | None = None,
     baselined: int | None = None,
+    frameworks: Mapping[str, str | None] | None = None,
 ) -> str:
     """A heading with counts, a table of findings, and the fixes in a folded block.
 
-    ``baselined``: how many findings a baseline accepted (None: no baseline).
+    ``baselined``: how many findings a baseline accepted (None: no baseline). ``frameworks``:
+    each module's framework (``jax``, ``torch_xla``, None when unknown) by its key: a finding's
+    fix is given in its module's framework only, as the text report gives it.
     """
     counts = Counter(f.severity for f in findings)
     parts = [f"{counts[s]} {s.value}{'s' if counts[s] != 1 else ''}" for s in Severity if counts[s]]
@@ -64,11 +68,14 @@ def render_markdown(
         lines += ["", "<details><summary>Suggested fixes</summary>", ""]
         for finding in fixes:
             assert finding.suggestion is not None
+            chosen = fixes_for(finding.suggestion, (frameworks or {}).get(finding.module))
+            label = f" ({md_text(chosen[0][0])})" if len(chosen) == 1 else ""
             lines.append(f"**{md_code(finding.rule)}** {_where(finding, in_table=False)}: "
-                         f"{md_text(finding.suggestion.summary)}")
+                         f"{md_text(finding.suggestion.summary)}{label}")
             lines.append("")
-            for code in (finding.suggestion.jax, finding.suggestion.torch_xla):
-                if code:
-                    lines += [*md_fence(code, "python"), ""]
+            for name, code in chosen:
+                if len(chosen) > 1:
+                    lines += [f"{md_text(name)}:", ""]
+                lines += [*md_fence(code, "python"), ""]
         lines.append("</details>")
     return "\n".join(lines) + "\n"

@@ -51,9 +51,15 @@ def module_inventory(ctx: RuleContext | None) -> tuple[dict[str, Any], ...] | No
     if ctx is None or ctx.per_device is None:
         return None
 
+    # The user's line depends on the op's source location alone, which the ops of a layer share.
+    lines: dict[object, str | None] = {}
+
     def source_of(instruction):  # noqa: ANN001, ANN202
-        frame, _ = ctx.user_source(instruction)
-        return f"{frame.file}:{frame.line}" if frame is not None else None
+        location = instruction.source
+        if location not in lines:
+            frame, _ = ctx.user_source(instruction)
+            lines[location] = f"{frame.file}:{frame.line}" if frame is not None else None
+        return lines[location]
 
     return tuple(row.as_json() for row in module_rows(ctx.semantics, source_of))
 

@@ -9,6 +9,13 @@ activation's partial sum that a later matmul turns into one. The walk follows
 tuples element by element (``tuple``, ``get-tuple-element``, loop state,
 ``opt-barrier``), so a loop's carried gradient accumulator and its activations
 stay apart. Only a training step (one that updates state) has gradients.
+
+The search from each candidate is a bounded walk (:data:`UPDATE_SEARCH` states).
+Most candidates reach no update at all, and their walks used to run to the
+bound; one backward pass from every update site (:meth:`UpdateSearch._reaching`)
+now marks every state that reaches one with no bound, a superset of those the
+bounded walk can succeed from, so a candidate outside it is answered at once
+and only the others walk (a few states each), with the same answers as before.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ UPDATE_SEARCH = 256
 # Elementwise ops an optimizer updates a weight with, and ops that move a value unchanged.
 UPDATES = frozenset({"add", "subtract", "multiply", "divide", "select", "fusion"})
 MOVES = frozenset({"convert", "copy", "bitcast", "reshape", "get-tuple-element", "transpose", "dynamic-slice"})
+# Users the walk does not step into (a call's operand reaches its callee by the cross-computation edges).
+_CALLS = frozenset({"while", "call", "fusion", "async-start"})
+ALL_SLOTS = -2  # in the backward pass: every state of a node (the whole value and each tuple element)
 
 
 class UpdateSearch:
@@ -52,14 +62,79 @@ class UpdateSearch:
         entry = graph.module.entry
         root = entry.root if entry is not None else None  # found once: Computation.root scans the body
         self._root = graph.id_of((entry.name, root.name)) if entry is not None and root is not None else None
+        self._reach: set[tuple[int, int]] | None = None  # the backward pass's states, made on first use
 
     def reaches_update(self, start: int) -> bool:
         """Whether node ``start``'s value reaches a weight's update (or a weight-shaped output)
         through elementwise ops and moves only."""
         found = self._found.get(start)
         if found is None:
-            found = self._found[start] = bool(self.params.state) and self._search_update(start)
+            found = self._found[start] = bool(self.params.state) and self._may_reach(start) \
+                and self._search_update(start)
         return found
+
+    def _may_reach(self, start: int) -> bool:
+        """Whether the walk from ``start`` could succeed at all (with no bound on its length)."""
+        if self._reach is None:
+            self._reach = self._reaching()
+        return (start, -1) in self._reach or (start, ALL_SLOTS) in self._reach
+
+    def _reaching(self) -> set[tuple[int, int]]:
+        """Every state ``(node, tuple element or -1)`` from which :meth:`_search_update`'s walk,
+        unbounded, reaches an update: its steps taken backwards from the states where it succeeds.
+        ``(node, ALL_SLOTS)`` stands for all of a node's states (a superset: the answer stays exact,
+        since a state outside the set never succeeds and one inside it still walks)."""
+        graph = self.graph
+        at = graph.instruction_at
+        operand_ids = graph.operand_ids
+        calls_into = graph.calls_into
+        stack: list[tuple[int, int]] = []
+        root = self._root
+        if root is not None and at[root].opcode == "tuple":
+            stack.extend((root, slot) for slot in range(len(operand_ids[root]))
+                         if self._returns_weight_shaped(root, slot))
+        weight_value = self._weight_value
+        for node, instruction in enumerate(at):
+            if instruction.opcode not in UPDATES or instruction.opcode in _CALLS or instruction.shape.is_tuple:
+                continue
+            # _updates_weight(node, via) for each operand via, with the weight values found once
+            dims = instruction.shape.dims
+            sources = set(operand_ids[node])
+            sources.discard(NO_NODE)
+            weights = [source for source in sources if at[source].shape.dims == dims and weight_value(source)]
+            if weights:
+                stack.extend((via, -1) for via in sources if len(weights) > 1 or weights[0] != via)
+        reached: set[tuple[int, int]] = set()
+        while stack:
+            state = stack.pop()
+            node, slot = state
+            if state in reached or (node, ALL_SLOTS) in reached:
+                continue
+            reached.add(state)
+            for source, _ in calls_into.get(node, ()):
+                stack.append((source, slot))
+            instruction = at[node]
+            opcode = instruction.opcode
+            if opcode not in GRADIENT_PATH or opcode in _CALLS:
+                continue  # the walk steps into no such user from its operands
+            operands = operand_ids[node]
+            if opcode == "tuple":  # the walk enters element p from any state of operand p
+                positions = range(len(operands)) if slot == ALL_SLOTS else \
+                    (slot,) if 0 <= slot < len(operands) else ()
+                stack.extend((operands[p], ALL_SLOTS) for p in positions if operands[p] != NO_NODE)
+            elif opcode == "opt-barrier":
+                stack.extend((source, slot) for source in operands if source != NO_NODE)
+            elif slot not in (-1, ALL_SLOTS):
+                continue  # the walk enters every other user as a whole value
+            elif opcode == "get-tuple-element":
+                index = instruction.attribute("index")
+                element = ALL_SLOTS if index is None else int(index)
+                for source in operands:
+                    if source != NO_NODE:
+                        stack.extend(((source, -1), (source, element)))
+            elif opcode != "reduce" or degenerate_reduce(graph, node):
+                stack.extend((source, -1) for source in operands if source != NO_NODE)
+        return reached
 
     def _search_update(self, start: int) -> bool:
         graph = self.graph
@@ -79,7 +154,7 @@ class UpdateSearch:
             for user in graph.user_ids[node]:
                 instruction = at[user]
                 opcode = instruction.opcode
-                if opcode not in GRADIENT_PATH or opcode in ("while", "call", "fusion", "async-start"):
+                if opcode not in GRADIENT_PATH or opcode in _CALLS:
                     continue  # a call's operand reaches its callee by the calls_out_of edges above
                 if opcode == "tuple":
                     for position, operand in enumerate(graph.operand_ids[user]):
@@ -121,10 +196,10 @@ class UpdateSearch:
         """Whether ``node`` is one weight's own value (moved, not computed); asked once per node."""
         found = self._weight_values.get(node)
         if found is None:
-            bits = self.graph.parameter_bits(node)
+            # the cheap structural test first: most nodes are computed, and fail it at once
+            bits = self.graph.parameter_bits(node) if is_parameter_value(self.graph, node) else 0
             found = self._weight_values[node] = bool(
-                bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in self._weights
-                and is_parameter_value(self.graph, node))
+                bits and bits & (bits - 1) == 0 and bits.bit_length() - 1 in self._weights)
         return found
 
 

@@ -187,7 +187,9 @@ class SyncCollective(Rule):
             raise RuleSkipped("no after-optimizations snapshot")
         if (module.attribute("is_scheduled") or "").lower() != "true":
             raise RuleSkipped("the after-optimizations module is not scheduled (is_scheduled=true missing)")
-        flags = _overlap_flags(ctx.debug_options)
+        platform = ctx.module.platform
+        # a GPU flag does nothing on a TPU, and a TPU flag nothing on a GPU: neither is to blame there
+        flags = [f for f in _overlap_flags(ctx.debug_options) if _applies(f.name, platform)]
         heavy = _HeavyOps(module, _work_balance(ctx.options.hardware or profile_for_dump(ctx.module)))
         by_flag: list[_Pair] = []
         for computation in module.computations:
@@ -205,7 +207,7 @@ class SyncCollective(Rule):
                 if any(flag.covers(kind) for flag in flags):
                     by_flag.append(pair)
                 elif pair.enough_work:
-                    yield self._schedule_finding(ctx, pair)
+                    yield self._schedule_finding(ctx, pair, platform)
         if any(p.enough_work for p in by_flag):
             yield self._flag_finding(ctx, by_flag, flags)
 
@@ -275,7 +277,7 @@ class SyncCollective(Rule):
             },
         )
 
-    def _schedule_finding(self, ctx: RuleContext, pair: _Pair) -> Finding:
+    def _schedule_finding(self, ctx: RuleContext, pair: _Pair, platform: str | None) -> Finding:
         """A collective XLA's schedule left exposed although independent work existed."""
         head = (f"XLA made {pair.kind} {pair.start.name} synchronous (is_sync)" if pair.is_sync
                 else f"{pair.kind} {pair.start.name} .. {pair.done.name} encloses no computation")
@@ -296,8 +298,8 @@ class SyncCollective(Rule):
             suggestion=Suggestion(
                 summary=("Let the latency-hiding scheduler overlap it: keep async collectives on, and issue the "
                          "collective earlier or give it independent work (e.g. prefetch the next layer's all-gather)."),
-                jax=_APPEND.format(flags="--xla_gpu_enable_latency_hiding_scheduler=true"),
-                torch_xla=_APPEND.format(flags="--xla_gpu_enable_latency_hiding_scheduler=true"),
+                jax=_scheduler_code(platform),
+                torch_xla=_scheduler_code(platform),
                 no_edit="the schedule XLA chose is to blame, not a line of the program: no edit is safe to make",
             ),
             evidence={
@@ -359,8 +361,31 @@ def _flag_text(value: object) -> str:
 
 
 # The schedule fix adds a flag to XLA_FLAGS, keeping the others (a flag's last value wins).
-_APPEND = ('os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " {flags}"\n'
-           '# in a shell: XLA_FLAGS="$XLA_FLAGS {flags}" python train.py')
+_APPEND = ('os.environ["{env}"] = os.environ.get("{env}", "") + " {flags}"\n'
+           '# in a shell: {env}="${env} {flags}" python train.py')
+# The latency-hiding scheduler's flag on each platform, and where it goes: libtpu reads its
+# flags from LIBTPU_INIT_ARGS.
+_SCHEDULER_FLAGS = {"gpu": ("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true"),
+                    "tpu": ("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=true")}
+
+
+def _applies(flag: str, platform: str | None) -> bool:
+    """Whether debug option ``flag`` acts on ``platform`` (when the dump says which)."""
+    if platform == "tpu":
+        return not flag.startswith("xla_gpu_")
+    if platform == "gpu":
+        return not flag.startswith("xla_tpu_")
+    return True
+
+
+def _scheduler_code(platform: str | None) -> str:
+    """The line that turns the latency-hiding scheduler on: the platform's own, or, when the dump
+    does not say which, each under a comment naming it."""
+    if platform in _SCHEDULER_FLAGS:
+        env, flag = _SCHEDULER_FLAGS[platform]
+        return _APPEND.format(env=env, flags=flag)
+    return "\n".join(f"# on {name.upper()}:\n" + _APPEND.format(env=env, flags=flag)
+                     for name, (env, flag) in _SCHEDULER_FLAGS.items())
 
 
 def _flag_suggestion(flags: list[_Flag], framework: str | None) -> Suggestion:
