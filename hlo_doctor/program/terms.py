@@ -255,13 +255,15 @@ def _axes_renamed(finding: Any, names: Mapping[str, str]) -> Any:
 
 
 def in_program_terms(finding: Any, programs: Iterable[str | None], positional_axes: Sequence[str] = (),
-                     program_axes: Sequence[str] | None = None) -> Any:
+                     program_axes: Sequence[str] | None = None, framework: str | None = None) -> Any:
     """``finding`` with its fix code naming only what the program names (module docstring).
 
     ``programs``: the program's files (the script, the finding's file); ``positional_axes``: the
     made-up names of a mesh the dump does not name (empty when the names are the program's);
     ``program_axes``: the names the program's own mesh construction gives those axes, in order
-    (None: it names none, and the axes are written as placeholders)."""
+    (None: it names none, and the axes are written as placeholders); ``framework``: the dump's
+    (``jax``, ``torch_xla``), whose code the reports print: the summary tells only what that code
+    lacks (both codes get placeholders)."""
     suggestion = finding.suggestion
     if suggestion is None or not (suggestion.jax or suggestion.torch_xla):
         return finding
@@ -300,15 +302,20 @@ def in_program_terms(finding: Any, programs: Iterable[str | None], positional_ax
             else:
                 renames.setdefault(name, _VALUE_PLACEHOLDER.get(finding.rule, "<value>"))
     jax_code, torch_code = _rename(jax_code, renames), _rename(torch_code, renames)
-    values = sorted(n for n, p in renames.items() if p != "<mesh>")
+    shown = {"jax": "JAX", "torch_xla": "torch_xla"}.get(framework or "")
+    told = {n for n in renames if shown is None or shown in spoken.get(n, set())}
+    values = sorted(n for n, p in renames.items() if p != "<mesh>" and n in told)
     if values:
         where = "the program could not be read" if known is None else "the program has no such name"
         missing.append(f"the variable{_in_code(spoken, values)} ({', '.join(values)}: {where}; written "
                        f"{', '.join(dict.fromkeys(renames[n] for n in values))})")
-    meshes_renamed = [n for n, p in renames.items() if p == "<mesh>"]
+    meshes_renamed = [n for n, p in renames.items() if p == "<mesh>" and n in told]
     if meshes_renamed:
         missing.append(f"the mesh variable{_in_code(spoken, meshes_renamed)} (written <mesh>)")
     if not missing:
+        if renames:  # placeholders in the other framework's code only: nothing to tell
+            return dataclasses.replace(finding, suggestion=dataclasses.replace(
+                suggestion, jax=jax_code, torch_xla=torch_code, edits=edits, no_edit=no_edit))
         return finding
     summary = suggestion.summary + " Not known from the program: " + "; ".join(missing) + "."
     return dataclasses.replace(finding, suggestion=dataclasses.replace(

@@ -79,7 +79,8 @@ def in_terms(ctx: RuleContext, finding: Finding) -> Finding:
     positional = mesh.axis_names if mesh is not None and mesh.is_inferred else ()
     program = dump_program(ctx)
     named = program_axis_names(ctx, program)
-    return in_program_terms(finding, [program], positional, tuple(named.values()) if named else None)
+    return in_program_terms(finding, [program], positional, tuple(named.values()) if named else None,
+                            ctx.framework)
 
 
 def cause_ranks(rules: Iterable[Rule]) -> dict[str, int]:
