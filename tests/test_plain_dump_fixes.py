@@ -189,10 +189,12 @@ def test_the_patch_of_a_plain_jax_dump_recompiles_clean(tmp_path, monkeypatch):
     assert not analyze_dump(dump, select=builtin_rule_ids()).findings
 
 
-def test_a_replicated_weights_placement_is_found_in_the_source(tmp_path):
+def test_a_replicated_weights_placement_is_found_in_the_source(tmp_path, monkeypatch):
     """Hand-written program: the P() a weight is placed with, by device_put (one of several
     placements of that name) or by its entry of jit's in_shardings; two sites: no guess."""
     from hlo_doctor.program.spec_sites import parameter_spec_site
+
+    monkeypatch.chdir(tmp_path)  # the program is read only inside the project (here: the current folder)
 
     program = tmp_path / "train.py"
     head = ("import jax\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"

@@ -5,9 +5,10 @@ tables, ``source_file`` metadata, the runner's record): often a cluster, a CI
 runner or a colleague's checkout, so the path does not exist here. Each recorded
 file is looked for, in order:
 
-1. at the recorded path itself;
-2. through ``--path-map RECORDED=LOCAL`` (``[tool.hlo-doctor] path-map``): the entry
-   for the file itself, else its longest mapped folder prefix;
+1. through ``--path-map RECORDED=LOCAL`` (``[tool.hlo-doctor] path-map``): the entry
+   for the file itself, else its longest mapped folder prefix (first, because the user
+   said which copy is meant, even where the recorded path exists here too);
+2. at the recorded path itself;
 3. by the recorded path's longest tail (at least ``folder/file``, never a bare file
    name) that exists below the dump's folder or one of its parents up to the project
    root, or below the current directory (coverage.py's ``[paths]``, made automatic):
@@ -196,10 +197,12 @@ class SourceFinder:
         return SourceFile(recorded, None, failure)
 
     def _candidates(self, recorded: str) -> Iterator[tuple[str, Path]]:
-        yield RECORDED, self.cwd / recorded  # an absolute path stays itself
+        # A path map the user wrote comes first: it says which copy is meant, even where the
+        # recorded path also exists here (the checkout that made the dump, on the same machine).
         mapped = map_prefix(recorded, self.settings.path_map)
         if mapped is not None:
             yield PATH_MAP, Path(mapped)
+        yield RECORDED, self.cwd / recorded  # an absolute path stays itself
         parts = [part for part in PurePosixPath(recorded.replace("\\", "/")).parts if part not in ("/", "")]
         if parts and ":" in parts[0]:  # a Windows drive
             parts = parts[1:]
