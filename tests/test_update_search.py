@@ -73,3 +73,44 @@ def test_a_gradient_in_nested_tuples_reaches_its_update(tmp_path):
     g = graph.id_of(("main", "g"))
     assert g is not None and search._search_update(g)  # the premise: the walk gets there
     assert search._may_reach(g) and search.reaches_update(g)
+
+
+# Hand-written: a tied embedding's gradient as deviceless GPU and TPU compiles lower it. The head's
+# weight gradient %g is the base a scatter(-add) adds the lookup's row gradients %rows onto, then the
+# update; the gradient passes through the scatter's base, the scattered rows do not.
+_SCATTERED = """\
+HloModule jit_step, input_output_alias={ {0}: (0, {}, may-alias) }, num_partitions=2
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (w: f32[8,4], x: f32[2,8], i: s32[2,1]) -> (f32[8,4]) {
+  %w = f32[8,4]{1,0} parameter(0), sharding={replicated}, metadata={op_name="params['w']"}
+  %x = f32[2,8]{1,0} parameter(1), sharding={devices=[2,1]<=[2]}, metadata={op_name="batch['x']"}
+  %i = s32[2,1]{1,0} parameter(2), sharding={devices=[2,1]<=[2]}, metadata={op_name="batch['i']"}
+  %h = f32[2,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %g = f32[8,4]{1,0} dot(%x, %h), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %rows = f32[2,4]{1,0} multiply(%h, %h)
+  %sc = f32[8,4]{1,0} scatter(%g, %i, %rows), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %new = f32[8,4]{1,0} subtract(%w, %sc)
+  ROOT %out = (f32[8,4]{1,0}) tuple(%new)
+}
+"""
+
+
+def test_a_gradient_a_scatter_adds_rows_onto_reaches_its_update_and_the_rows_do_not(tmp_path):
+    folder = tmp_path / "scattered"
+    folder.mkdir()
+    (folder / "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(_SCATTERED)
+    dump = load_dump(folder)
+    semantics = RuleContext(dump, dump.modules[0], AnalysisOptions()).semantics
+    graph, params, batch = semantics.view.graph, semantics.parameters, semantics.batch
+    assert graph is not None and params is not None and batch is not None and params.state
+    search = _Judge(graph, params, batch).updates
+    g, rows = graph.id_of(("main", "g")), graph.id_of(("main", "rows"))
+    assert g is not None and rows is not None
+    assert search._may_reach(g) and search.reaches_update(g)
+    assert not search.reaches_update(rows)

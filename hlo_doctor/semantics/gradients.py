@@ -8,7 +8,8 @@ gradients): it is then (a piece of) that weight's gradient, not an
 activation's partial sum that a later matmul turns into one. The walk follows
 tuples element by element (``tuple``, ``get-tuple-element``, loop state,
 ``opt-barrier``), so a loop's carried gradient accumulator and its activations
-stay apart. Only a training step (one that updates state) has gradients.
+stay apart, and passes a scatter(-add) through its base operand only (a tied
+embedding's head gradient is the base its lookup's row gradients are added to). Only a training step (one that updates state) has gradients.
 
 The search from each candidate is a bounded walk (:data:`UPDATE_SEARCH` states).
 Most candidates reach no update at all, and their walks used to run to the
@@ -115,9 +116,12 @@ class UpdateSearch:
                 stack.append((source, slot))
             instruction = at[node]
             opcode = instruction.opcode
+            operands = operand_ids[node]
+            if opcode == "scatter" and slot in (-1, ALL_SLOTS) and operands and operands[0] != NO_NODE:
+                stack.append((operands[0], -1))  # the walk passes a scatter's base operand only
+                continue
             if opcode not in GRADIENT_PATH or opcode in _CALLS:
                 continue  # the walk steps into no such user from its operands
-            operands = operand_ids[node]
             if opcode == "tuple":  # the walk enters element p from any state of operand p
                 positions = range(len(operands)) if slot == ALL_SLOTS else \
                     (slot,) if 0 <= slot < len(operands) else ()
@@ -154,6 +158,13 @@ class UpdateSearch:
             for user in graph.user_ids[node]:
                 instruction = at[user]
                 opcode = instruction.opcode
+                if opcode == "scatter":
+                    # a gradient a scatter(-add) adds rows onto passes on (a tied embedding's head
+                    # gradient, the base the lookup's row gradients are added to); the rows do not
+                    operands = graph.operand_ids[user]
+                    if slot == -1 and operands and operands[0] == node:
+                        queue.append((user, -1))
+                    continue
                 if opcode not in GRADIENT_PATH or opcode in _CALLS:
                     continue  # a call's operand reaches its callee by the calls_out_of edges above
                 if opcode == "tuple":
