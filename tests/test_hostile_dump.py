@@ -463,7 +463,9 @@ def test_5_markup_in_module_names_does_not_reach_the_progress_bar(tmp_path, monk
 
 
 @pytest.mark.parametrize("attribute", ["replica_groups=[1000000000,4]<=[4000000000]",
-                                       "sharding={devices=[4000000000,1]<=[4000000000]}"])
+                                       "sharding={devices=[4000000000,1]<=[4000000000]}",
+                                       # small, but more devices than the module declares (4)
+                                       "replica_groups=[8,4]<=[32]", "sharding={devices=[32,1]<=[32]}"])
 def test_6_a_huge_iota_is_rejected_at_its_place_before_it_is_expanded(tmp_path, attribute):
     dump = seed_copy(tmp_path / "dump")
     partitioned = next(dump.glob("*after_spmd-partitioning*.txt"))
@@ -478,7 +480,7 @@ def test_6_a_huge_iota_is_rejected_at_its_place_before_it_is_expanded(tmp_path, 
     result = invoke("analyze", str(dump), "--format", "json")  # it ends (a test runs under 24 GB)
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     report = json.loads(result.stdout)
-    located = [re.match(rf"{re.escape(str(partitioned))}:(\d+):(\d+): .*more than 1048576", e["message"])
+    located = [re.match(rf"{re.escape(str(partitioned))}:(\d+):(\d+): .*more than the module's 4 ", e["message"])
                for e in report["errors"]]
     places = [(int(m.group(1)), int(m.group(2))) for m in located if m]
     assert places and all(row == line and first_col < col < first_col + len(attribute) for row, col in places), \

@@ -17,6 +17,7 @@ locations); they are re-exported here.
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -131,7 +132,7 @@ class ModuleText:
 
     __slots__ = (
         "text", "path", "frame_tables", "split_attributes", "scan_attribute", "scan_attributes", "_newlines",
-        "_positions_asked", "_split_offset", "_split_pairs",
+        "_positions_asked", "_split_offset", "_split_pairs", "devices",
     )
 
     def __init__(
@@ -154,6 +155,9 @@ class ModuleText:
         # the keys it can tell.
         self.scan_attributes = scan_attributes
         self.frame_tables: StackFrameTables | None = None
+        # The devices the module's header declares (num_partitions x replica_count; None: it
+        # declares neither): no iota of a sharding or of replica groups may name more.
+        self.devices: int | None = None
         self._newlines: list[int] | None = None
         self._positions_asked = 0
         # The last instruction whose attribute text was split here (its offset) and the pairs: an
@@ -245,6 +249,7 @@ class ModuleText:
 
 
 _NEWLINE = re.compile("\n")
+_IOTA_DIMS = re.compile(r"<=\[([\d,\s]*)\]")
 _COUNTED_POSITIONS = 8  # positions read by counting newlines before the text's newlines are indexed
 
 
@@ -332,11 +337,25 @@ class Instruction:
             return None
         return int(self.literal)
 
+    def _check_iotas(self, key: str, text: str) -> None:
+        """An iota (``<=[dims]``) in ``text`` may name at most the module's declared devices:
+        checked before anything is expanded, since an iota costs a few bytes to write."""
+        limit = self.origin.devices
+        if limit is None or "<=[" not in text:
+            return
+        for match in _IOTA_DIMS.finditer(text):
+            count = math.prod(int(d) for d in match.group(1).split(",") if d)
+            if count > limit:
+                error = ParseError.at(text, match.start(), f"an iota of {count} devices, more than the "
+                                      f"module's {limit} (num_partitions x replica_count)")
+                raise self.located(error, key, text) from None
+
     @property
     def sharding(self) -> Sharding | None:
         text = self.attribute("sharding")
         if text is None:
             return None
+        self._check_iotas("sharding", text)
         try:
             return parse_sharding(text)
         except ParseError as error:
@@ -357,6 +376,7 @@ class Instruction:
         text = self.attribute("replica_groups")
         if text is None:
             return None
+        self._check_iotas("replica_groups", text)
         try:
             return parse_replica_groups(text)
         except ParseError as error:

@@ -93,6 +93,7 @@ class Parser(AsyncSugarReader):
 
     def parse_module(self) -> HloModule:
         name, attributes = self.parse_header()
+        self.origin.devices = _declared_devices(attributes)
         self.parse_frame_tables()
         entry_name: str | None = None
         defined: dict[str, int] = {}  # computation name -> where it starts (as XLA: names are unique)
@@ -587,3 +588,15 @@ def parse_module(text: str, *, path: str | None = None) -> HloModule:
             return parser.parse_module()
         except RecursionError:
             raise parser.error("nesting too deep") from None
+
+
+def _declared_devices(attributes: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> int | None:
+    """num_partitions x replica_count of a module header (each 1 when absent); None when it declares
+    neither (a hand-written module: nothing to check against)."""
+    values = dict(attributes)
+    if "num_partitions" not in values and "replica_count" not in values:
+        return None
+    try:
+        return int(values.get("num_partitions", "1")) * int(values.get("replica_count", "1"))
+    except ValueError:
+        return None
