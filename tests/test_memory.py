@@ -94,6 +94,23 @@ def test_there_are_fixtures_with_xla_memory_files():
     assert WITH_ASSIGNMENT and CPU_REPORTS
 
 
+def _deviceless_fixtures() -> list[Path]:
+    """Every fixture compiled for a GPU or TPU target (the runner's record names the target)."""
+    found = []
+    for sidecar in sorted(FIXTURES.glob("*/*/hlo_doctor_run.json")):
+        if json.loads(sidecar.read_text()).get("target"):
+            found.append(sidecar.parent)
+    return found
+
+
+def test_every_gpu_and_tpu_fixture_kept_xlas_buffer_assignment():
+    # so test_peak_is_xla_total_and_classes_add_up holds the acceptance on every one of them:
+    # the peak `memory` reports is XLA's own buffer-assignment total, and the classes add up to it
+    deviceless = _deviceless_fixtures()
+    assert len(deviceless) >= 20
+    assert [_id(f) for f in deviceless if f not in WITH_ASSIGNMENT] == []
+
+
 @pytest.mark.parametrize("folder", WITH_ASSIGNMENT, ids=_id)
 def test_peak_is_xla_total_and_classes_add_up(folder):
     for ctx in _contexts(folder):
@@ -247,3 +264,4 @@ def test_damaged_memory_files_still_add_up(tmp_path):
     for module in json.loads(result.output)["modules"]:
         assert sum(module["classes"].values()) == module["peak_bytes"]
         assert sum(item["bytes"] for item in module["items"]) == module["peak_bytes"]
+
