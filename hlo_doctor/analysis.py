@@ -32,6 +32,7 @@ from hlo_doctor.rules import (
     module_workers,
     select_rules,
 )
+from hlo_doctor.rules._memory import memory_of
 from hlo_doctor.rules.base import Rule
 from hlo_doctor.rules.drawings import module_inventory, with_pictures
 from hlo_doctor.rules.engine import BAD_INPUT, BAD_INPUT_ERRORS, bad_input_of, located
@@ -257,6 +258,12 @@ def _analyze_module(
         errors.append(ReportError(str(dump.path), f"communication inventory failed: {type(error).__name__}: "
                                                   f"{one_line(str(error), 200)}", module.key))
     program_files = _program_files(module, module_findings)
+    memory = None
+    try:
+        memory = _memory_summary(ctx) if drawings else None
+    except Exception as error:  # noqa: BLE001 - the memory picture must not end the run
+        errors.append(ReportError(str(dump.path), f"memory summary failed: {type(error).__name__}: "
+                                                  f"{one_line(str(error), 200)}", module.key))
     module_errors = module.errors
     errors.extend(ReportError(e.path, e.message, module.key) for e in module_errors)
     summary = ModuleSummary(
@@ -270,6 +277,7 @@ def _analyze_module(
         collectives=collectives,
         framework=ctx.framework,
         inventory=inventory,
+        memory=memory,
     )
     if release:
         ctx.__dict__.clear()  # the shared analyses, which hold cycles back to the context
@@ -300,6 +308,15 @@ def _program_files(module: DumpModule, findings: list[Finding]) -> tuple[str, ..
         if finding.suggestion is not None:
             files += [edit.file for edit in finding.suggestion.edits if edit.file]
     return tuple(f for f in dict.fromkeys(files) if f and not f.startswith("<") and not is_library_file(f))
+# The HTML report's table of a module's memory lists this many of its largest items.
+MEMORY_ITEMS = 12
+
+
+def _memory_summary(ctx: RuleContext) -> dict[str, Any] | None:
+    """The module's memory per device at its peak (``hlo-doctor memory``'s, held against the run's
+    ``--hardware`` or the hardware the dump was compiled for), for the HTML report to draw."""
+    memory = memory_of(ctx)
+    return memory.document(items=MEMORY_ITEMS) if memory is not None else None
 
 
 def input_errors(report: Report) -> list[ReportError]:

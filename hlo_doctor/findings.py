@@ -234,6 +234,9 @@ class ModuleSummary:
     inventory: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False, compare=False)
     """the communication inventory (``hlo-doctor collectives``' rows, keys
     :data:`hlo_doctor.pictures.INVENTORY_KEYS`); None without a per-device snapshot"""
+    memory: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    """the memory per device at the module's peak, as a module of ``hlo-doctor memory --format json``
+    (its largest items only); None without a per-device snapshot, or when the analysis made no drawings"""
 
 
 @dataclass

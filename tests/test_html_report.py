@@ -88,7 +88,8 @@ def test_symptoms_are_a_table_of_kinds(report):
 
 @pytest.mark.parametrize("fixture", ["fsdp-activation-gather/jax-shardy-bad", "hf-1d-params-torch-xla/torch_xla-bad"])
 def test_format_html_parses_the_dump_once(fixture, tmp_path, monkeypatch):
-    """`analyze --format html` parses each snapshot once, the ones `--format text` parses, and still draws."""
+    """`analyze --format html` parses each snapshot once: the ones `--format text` parses, and the optimized
+    module, which the memory picture reads (XLA's buffer assignment names its instructions)."""
     from collections import Counter
 
     from click.testing import CliRunner
@@ -113,9 +114,12 @@ def test_format_html_parses_the_dump_once(fixture, tmp_path, monkeypatch):
         assert result.exit_code in (0, 1), result.output
         by_format[output_format] = dict(parses)
     assert by_format["html"] and set(by_format["html"].values()) == {1}
-    assert by_format["html"] == by_format["text"]
+    extra = set(by_format["html"]) - set(by_format["text"])
+    assert all(path.endswith("cpu_after_optimizations.txt") for path in extra), extra
+    assert set(by_format["text"]) <= set(by_format["html"])
     page = (tmp_path / "report.html").read_text()
     assert '<svg class="picture dataflow"' in page and '<svg class="picture mesh"' in page
+    assert 'class="picture memory"' in page
 
 
 def test_an_analysis_without_drawings_says_so_in_the_page():
@@ -128,3 +132,42 @@ def test_an_analysis_without_drawings_says_so_in_the_page():
     page = render(report, "html")
     assert "pictures and inventories left out: the analysis did not make them" in page
     assert '<svg class="picture' not in page and "not made by the analysis" in page
+
+
+def test_the_page_shows_each_modules_memory_against_the_target(tmp_path):
+    """The memory picture: the peak stacked by class against the target's HBM, drawn from the Report."""
+    from hlo_doctor.analysis import analyze_dump
+    from hlo_doctor.units import format_bytes
+
+    folder = ROOT / "fixtures" / "device-memory" / "jax-v5e_4x4-bad"  # 20.44 GiB on a 16 GiB v5e chip
+    report = analyze_dump(folder, select=["exceeds-device-memory"], jobs=1)
+    [module] = report.modules
+    memory = module.memory
+    assert memory["peak_source"] == "xla-buffer-assignment"
+    assert sum(memory["classes"].values()) == memory["peak_bytes"]
+    assert memory["target"]["hardware"] == "tpu-v5e" and memory["target"]["headroom_bytes"] < 0
+    assert len(memory["items"]) <= 12
+    page = render(dataclasses.replace(report, dump="/no/such/dump"), "html")  # drawn from the report alone
+    section = page[page.index('<section class="module memory">'):]
+    section = section[:section.index("</section>")]
+    assert "peak 20.44 GiB per device (XLA&#x27;s buffer assignment); tpu-v5e 16.00 GiB per device: " \
+           "over by 4.44 GiB: does not fit" in section
+    for cls, size in memory["classes"].items():
+        assert f"<title>{cls}: {format_bytes(size)}</title>" in section  # one segment per class
+    assert section.count("<rect") == 2 * len(memory["classes"])  # a segment and a legend swatch each
+    assert "<script" not in section
+    # names from the dump are escaped
+    hostile = dataclasses.replace(module, memory=dict(memory, items=[
+        {"class": "weights", "name": "<img src=x onerror=alert(1)>", "bytes": 1, "source": None}]))
+    page = render(dataclasses.replace(report, modules=(hostile,)), "html")
+    assert "<img src=x" not in page and "&lt;img src=x" in page
+
+
+def test_no_memory_without_drawings():
+    from hlo_doctor.analysis import analyze_dump
+
+    report = analyze_dump(ROOT / "fixtures" / "device-memory" / "jax-v5e_4x4-fixed", select=["exceeds-device-memory"],
+                          drawings=False, jobs=1)
+    assert all(module.memory is None for module in report.modules)
+    assert '<section class="module memory">' not in render(report, "html")
+

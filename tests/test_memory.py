@@ -94,6 +94,23 @@ def test_there_are_fixtures_with_xla_memory_files():
     assert WITH_ASSIGNMENT and CPU_REPORTS
 
 
+def _deviceless_fixtures() -> list[Path]:
+    """Every fixture compiled for a GPU or TPU target (the runner's record names the target)."""
+    found = []
+    for sidecar in sorted(FIXTURES.glob("*/*/hlo_doctor_run.json")):
+        if json.loads(sidecar.read_text()).get("target"):
+            found.append(sidecar.parent)
+    return found
+
+
+def test_every_gpu_and_tpu_fixture_kept_xlas_buffer_assignment():
+    # so test_peak_is_xla_total_and_classes_add_up holds the acceptance on every one of them:
+    # the peak `memory` reports is XLA's own buffer-assignment total, and the classes add up to it
+    deviceless = _deviceless_fixtures()
+    assert len(deviceless) >= 20
+    assert [_id(f) for f in deviceless if f not in WITH_ASSIGNMENT] == []
+
+
 @pytest.mark.parametrize("folder", WITH_ASSIGNMENT, ids=_id)
 def test_peak_is_xla_total_and_classes_add_up(folder):
     for ctx in _contexts(folder):
@@ -247,3 +264,34 @@ def test_damaged_memory_files_still_add_up(tmp_path):
     for module in json.loads(result.output)["modules"]:
         assert sum(module["classes"].values()) == module["peak_bytes"]
         assert sum(item["bytes"] for item in module["items"]) == module["peak_bytes"]
+
+
+# -- ZeRO-1: a pure data-parallel AdamW step and its twin with the moments sharded over 'data' ------
+
+ZERO1 = FIXTURES / "zero1-adamw-state"
+
+
+@pytest.mark.parametrize("devices_per_host", [8, 4], ids=["1-host", "2-hosts"])
+def test_zero1_twins(devices_per_host):
+    from hlo_doctor.analysis import analyze_dump
+    from hlo_doctor.findings import Severity
+
+    rules = ["replicated-optimizer-state", "replicated-large-parameter"]
+    bad = analyze_dump(ZERO1 / "jax-shardy-bad", select=rules, devices_per_host=devices_per_host, jobs=1)
+    [finding] = bad.findings
+    assert finding.rule == "replicated-optimizer-state" and finding.severity is Severity.INFO
+    # 4 moments of 1 MiB, whole on each of the 8 devices; an eighth of them when sharded over 'data'
+    assert finding.evidence["optimizer_state_bytes_per_device"] == 4 * 2**20
+    assert finding.evidence["bytes_freed_per_device"] == 4 * 2**20 - 4 * 2**20 // 8
+    assert (finding.evidence["weight_shards"], finding.evidence["state_shards"]) == (8, 1)
+    assert "'data'" in finding.suggestion.jax and "ZeRO-1" in finding.suggestion.summary
+    fixed = analyze_dump(ZERO1 / "jax-shardy-fixed", select=rules, devices_per_host=devices_per_host, jobs=1)
+    assert fixed.findings == ()
+
+
+def test_zero1_moments_are_optimizer_state_in_both_twins():
+    """Sharded moments reach an all-gather (of the updated weight slices): still optimizer state."""
+    bad, fixed = (_memory(ZERO1 / f"jax-shardy-{variant}") for variant in ("bad", "fixed"))
+    assert bad.classes["optimizer_state"] == 4 * 2**20
+    assert fixed.classes["optimizer_state"] == 4 * 2**20 // 8
+    assert bad.classes["weights"] == fixed.classes["weights"] == 2 * 2**20  # replicated in both

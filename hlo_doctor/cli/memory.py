@@ -11,7 +11,7 @@ import click
 from hlo_doctor.cli.common import emit, input_errors_exit_2
 from hlo_doctor.dump import load_dump
 from hlo_doctor.errors import InputError
-from hlo_doctor.memory import ESTIMATE, FROM_BUFFER_ASSIGNMENT, FROM_USAGE_REPORT, ModuleMemory
+from hlo_doctor.memory import SOURCE_LABELS, ModuleMemory
 from hlo_doctor.report.memory_svg import memory_page
 from hlo_doctor.report.safe import rich_text
 from hlo_doctor.rules._memory import memory_of, target_for
@@ -20,11 +20,7 @@ from hlo_doctor.semantics.hardware import load_profile
 from hlo_doctor.units import format_bytes
 
 SCHEMA_VERSION = 1
-_SOURCES = {
-    FROM_BUFFER_ASSIGNMENT: "XLA's buffer assignment",
-    FROM_USAGE_REPORT: "XLA's memory-usage report",
-    ESTIMATE: "estimated from live ranges",
-}
+_SOURCES = SOURCE_LABELS
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40,

@@ -181,6 +181,12 @@ EXAMPLES: tuple[Example, ...] = (
         PAIR, devices=4, scripts=_jax("replicated_adamw_state"),
     ),
     Example(
+        "zero1-adamw-state",
+        "pure data-parallel AdamW step on 8 devices whose weights and moments are replicated "
+        "(fixed: the moments sharded over 'data', ZeRO-1)",
+        PAIR, devices=8, scripts=_jax("zero1_adamw_state"),
+    ),
+    Example(
         "fsdp-gathered-weights",
         "FSDP + AdamW step of 6 bf16 MLP blocks on 2x8 H100s that keeps every layer's gathered "
         "weights from the forward for the backward (fixed: jax.checkpoint with nothing_saveable "

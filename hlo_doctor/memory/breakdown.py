@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.memory.liveness import Liveness, module_liveness
@@ -30,11 +31,17 @@ from hlo_doctor.memory.xla_files import (
     read_text,
 )
 
-__all__ = ["MemoryItem", "ModuleMemory", "Target", "module_memory"]
+__all__ = ["SOURCE_LABELS", "MemoryItem", "ModuleMemory", "Target", "module_memory"]
 
 FROM_BUFFER_ASSIGNMENT = "xla-buffer-assignment"
 FROM_USAGE_REPORT = "xla-memory-usage-report"
 ESTIMATE = "estimate"
+SOURCE_LABELS = {
+    FROM_BUFFER_ASSIGNMENT: "XLA's buffer assignment",
+    FROM_USAGE_REPORT: "XLA's memory-usage report",
+    ESTIMATE: "estimated from live ranges",
+}
+"""How each source of the peak is told to people."""
 UNUSED_HEAP = "(heap not in use at the peak: fragmentation, alignment, nested computations)"
 
 Describe = Callable[[Instruction], tuple[str, str | None]]  # instruction -> (name for people, source line)
@@ -75,18 +82,32 @@ class ModuleMemory:
     def headroom_bytes(self) -> int | None:
         return self.target.headroom(self.peak_bytes) if self.target is not None else None
 
-    def document(self) -> dict:
-        """The module's entry of ``hlo-doctor memory --format json``."""
+    def document(self, items: int | None = None) -> dict:
+        """The module's entry of ``hlo-doctor memory --format json`` (with the largest ``items``
+        items only, when given)."""
         return {
             "name": self.name,
             "peak_bytes": self.peak_bytes,
             "peak_source": self.peak_source,
             "classes": dict(self.classes),
-            "items": [{"class": i.cls, "name": i.name, "bytes": i.bytes, "source": i.source} for i in self.items],
+            "items": [{"class": i.cls, "name": i.name, "bytes": i.bytes, "source": i.source}
+                      for i in self.items[:items]],
             "target": None if self.target is None else {
                 "hardware": self.target.hardware, "hbm_bytes": self.target.hbm_bytes,
                 "headroom_bytes": self.target.headroom(self.peak_bytes)},
         }
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> ModuleMemory:
+        """The memory :meth:`document` describes (its items without their instructions)."""
+        target = document.get("target")
+        return cls(
+            str(document["name"]), int(document["peak_bytes"]), str(document["peak_source"]),
+            {str(k): int(v) for k, v in dict(document.get("classes") or {}).items()},
+            tuple(MemoryItem(str(i["class"]), str(i["name"]), int(i["bytes"]), i.get("source"))
+                  for i in document.get("items") or ()),
+            Target(str(target["hardware"]), int(target["hbm_bytes"])) if target else None,
+        )
 
 
 def module_memory(

@@ -8,7 +8,9 @@ end, a parameter the whole step). Values that are views of another's bytes
 (bitcast, get-tuple-element, tuple, the done half of an async pair) have no
 buffer of their own and extend their source's range instead. A ``while``,
 ``call`` or ``conditional`` adds, at its position, the peak of what the
-computations it calls need beyond their parameters.
+computations it calls need beyond their parameters. An output the header's
+``input_output_alias`` gives a donated parameter's buffer (a train step's new
+weights and optimizer state) is written into that buffer and adds no bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.hlo.ir_shape import Shape
 from hlo_doctor.memory.values import is_view
 
-__all__ = ["LiveValue", "Liveness", "module_liveness"]
+__all__ = ["LiveValue", "Liveness", "aliased_outputs", "module_liveness"]
 
 _CALLERS = frozenset({"while", "call", "conditional", "async-start"})
 
@@ -48,6 +50,17 @@ class Liveness:
 
 
 _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
+# input_output_alias={ {0}: (0, {}, may-alias), {1}: (3, {}, must-alias) }: output index -> parameter
+_ALIAS = re.compile(r"\{(\d*)\}:\s*\((\d+),\s*\{\}")
+
+
+def aliased_outputs(module: HloModule) -> dict[int | None, int]:
+    """Top-level output index (None: the whole output) -> the entry parameter whose buffer it
+    reuses, from the header's ``input_output_alias`` (whole parameters only)."""
+    text = module.attribute("input_output_alias")
+    if not text:
+        return {}
+    return {int(index) if index else None: int(number) for index, number in _ALIAS.findall(text)}
 
 
 def _default_space_bytes(shape: Shape) -> int:
@@ -106,11 +119,12 @@ def _computation_peak(module: HloModule, computation: Computation, depth: int = 
 def _liveness(module: HloModule, computation: Computation, depth: int, *, count_parameters: bool) -> Liveness:
     instructions = computation.instructions
     length = len(instructions)
-    ranges, _ = _ranges(computation)
+    ranges, owner = _ranges(computation)
     root = computation.root
     outputs = set(root.operands if root is not None and root.opcode == "tuple" else ())
     if root is not None:
         outputs.add(root.name)
+    in_place = _written_in_place(module, computation, owner) if count_parameters else set()
     values: list[LiveValue] = []
     nested: dict[int, int] = {}
     for position, instruction in enumerate(instructions):
@@ -127,7 +141,7 @@ def _liveness(module: HloModule, computation: Computation, depth: int, *, count_
             if extra:
                 nested[position] = extra
         size = _own_size(instruction)
-        if size <= 0:
+        if size <= 0 or instruction.name in in_place:
             continue
         start, end = ranges.get(instruction.name, (position, position))
         if instruction.name in outputs:
@@ -135,6 +149,27 @@ def _liveness(module: HloModule, computation: Computation, depth: int, *, count_
         values.append(LiveValue(instruction.name, size, start, end))
     peak, peak_at = _sweep(values, nested, length)
     return Liveness(tuple(values), nested, length, peak, peak_at)
+
+
+def _written_in_place(module: HloModule, computation: Computation, owner: dict[str, str]) -> set[str]:
+    """The buffers of the entry's outputs that reuse a donated parameter's buffer."""
+    aliases = aliased_outputs(module)
+    root = computation.root
+    if not aliases or root is None:
+        return set()
+    outputs: dict[int | None, str] = {None: root.name}
+    if root.opcode == "tuple":
+        outputs.update(enumerate(root.operands))
+    parameters = {p.name for p in computation.parameters()}
+    found = set()
+    for index in aliases:
+        name = outputs.get(index)
+        if name is None:
+            continue
+        buffer = owner.get(name, name)
+        if buffer not in parameters:  # an output that is its own parameter needs nothing
+            found.add(buffer)
+    return found
 
 
 def _sweep(values: list[LiveValue], nested: dict[int, int], length: int) -> tuple[int, int]:

@@ -168,7 +168,11 @@ def _update_path(entry: Computation, module: HloModule, origin: dict[str, int]) 
 
 def reaches_only_updates(module: HloModule, numbers: Iterable[int]) -> frozenset[int]:
     """Those of the entry parameters ``numbers`` that reach no matmul, reduction or collective: they
-    only update themselves and the weight they belong to (an optimizer's moments)."""
+    only update themselves and the weight they belong to (an optimizer's moments).
+
+    An all-gather on the way is no work of its own when nothing after it is: sharded state
+    with replicated weights (ZeRO-1) updates its slice of the weight, and the updated slices
+    are gathered into the step's new weights."""
     entry = module.entry
     if entry is None:
         return frozenset()
@@ -187,7 +191,8 @@ def reaches_only_updates(module: HloModule, numbers: Iterable[int]) -> frozenset
             if judged.get(name) is True:
                 continue
             for user in users.get(name, ()):
-                if judged.get(user.name) is False or _feeds_work(user, module):
+                if judged.get(user.name) is False or (_feeds_work(user, module)
+                                                      and collective_of(user, module) != "all-gather"):
                     return False
                 stack.append(user.name)
         return True

@@ -4,12 +4,14 @@ Per finding: the message, the source snippet, its symptoms as a table (one row
 per kind, each symptom in a fold-out), the fix with a copy button, and three
 pictures (:mod:`hlo_doctor.report.svg`): the dataflow neighbourhood of the op,
 the device mesh with the collective's replica groups, and bytes per step by
-collective role. Per module: the communication inventory. A
+collective role. Per module: the memory per device at its peak, stacked by
+class against the target's memory with the headroom (:mod:`hlo_doctor.report.memory_svg`),
+and the communication inventory. A
 Content-Security-Policy forbids every fetch.
 
 Everything drawn comes with the :class:`~hlo_doctor.findings.Report`: the
 analysis made each finding's pictures (:class:`~hlo_doctor.pictures.FindingPictures`)
-and each module's inventory while the module was loaded, so the page never reads
+and each module's inventory and memory while the module was loaded, so the page never reads
 the dump. Everything taken from the dump is escaped (:func:`html_text`).
 """
 
@@ -21,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from hlo_doctor.errors import one_line
 from hlo_doctor.findings import Finding, Severity
+from hlo_doctor.memory import ModuleMemory
 from hlo_doctor.pictures import INVENTORY_KEYS, FindingPictures
+from hlo_doctor.report.memory_svg import memory_section
 from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.report.source import SourcePolicy, source_lines, sources_summary
@@ -48,6 +52,8 @@ def render_html(report: Report, *, sources: SourcePolicy | None = None) -> str:
         body.append(_finding(number, finding, inventories.get(finding.module), frameworks.get(finding.module),
                              sources))
     for module in report.modules:
+        if module.memory is not None:
+            body.append(_memory(module.key, module.memory))
         body.append(_module(module.key, module.inventory, report.drawings))
     title = f"hlo-doctor: {relative_path(report.dump)}"
     return _PAGE.format(title=html_text(title), style=_STYLE, script=_SCRIPT, body="\n".join(body))
@@ -192,6 +198,13 @@ def _module(key: str, inventory: Inventory | None, drawn: bool) -> str:
     return "\n".join(parts)
 
 
+def _memory(key: str, memory: Mapping[str, Any]) -> str:
+    """The module's memory per device at its peak, stacked by class against the target's memory."""
+    return ('<section class="module memory">'
+            f'<h2>module <code>{html_text(key)}</code>: memory per device</h2>'
+            + _picture(lambda: memory_section(ModuleMemory.from_document(memory))) + "</section>")
+
+
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return ""
@@ -276,8 +289,8 @@ svg.picture{border:1px solid #e5e7eb;border-radius:6px;background:#fff;max-width
 svg text{font-family:system-ui,sans-serif}.caption{font-size:12px;font-weight:600;fill:#374151}
 .node-label{font-size:11.5px;font-weight:600}.node-detail,.edge-label,.edge-sharding,.legend,.bar-value{font-size:10.5px;
 fill:#4b5563}.edge-sharding{fill:#7c3aed}.device-label{font-size:11px}.bar-label{font-size:11px}
-table.inventory,table.symptoms{border-collapse:collapse;font-size:12px;width:100%}table.inventory th,
-table.inventory td,table.symptoms th,table.symptoms td{border-bottom:1px solid #e5e7eb;padding:3px 6px;text-align:left;
+table.inventory,table.symptoms,table.memory-items{border-collapse:collapse;font-size:12px;width:100%}
+table.inventory th,table.inventory td,table.symptoms th,table.symptoms td,table.memory-items th,table.memory-items td{border-bottom:1px solid #e5e7eb;padding:3px 6px;text-align:left;
 vertical-align:top}div.symptoms{margin:6px 0}div.symptoms p{margin:4px 0}details summary{cursor:pointer;font-size:12px}
 .note,.skipped{color:#6b7280}.error{color:#b91c1c}
 """

@@ -4,19 +4,23 @@
 segment per class (largest first) with its bytes, and a vertical line at the
 target's memory when it is known (red when the peak is over it);
 :func:`memory_page` wraps the pictures of a dump's modules in one
-self-contained HTML page (``hlo-doctor memory --format html``). Every text
-passes through :func:`~hlo_doctor.report.safe.html_text`.
+self-contained HTML page (``hlo-doctor memory --format html``), and
+:func:`memory_section` gives one module's picture with its headroom and
+largest items, which the analysis report (:mod:`hlo_doctor.report.html`) shows
+per module. Static SVG, no script; every text passes through
+:func:`~hlo_doctor.report.safe.html_text`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hlo_doctor.memory import ModuleMemory
+from hlo_doctor.memory import SOURCE_LABELS, ModuleMemory
+from hlo_doctor.report.paths import relative_path
 from hlo_doctor.report.safe import html_text
 from hlo_doctor.units import format_bytes
 
-__all__ = ["CLASS_COLORS", "memory_page", "memory_svg"]
+__all__ = ["CLASS_COLORS", "headroom_line", "memory_page", "memory_section", "memory_svg"]
 
 CLASS_COLORS = {
     "weights": "#2563eb", "optimizer_state": "#7c3aed", "gradients": "#db2777", "activations": "#16a34a",
@@ -31,11 +35,12 @@ def memory_svg(memory: ModuleMemory) -> str:
     target = memory.target.hbm_bytes if memory.target is not None else 0
     scale_to = max(memory.peak_bytes, target, 1)
     usable = _WIDTH - 2 * _LEFT
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_BAR_TOP + _BAR_HEIGHT + 30 + 18 * ((len(memory.classes) + 2) // 3)}" '
-             'font-family="sans-serif" font-size="12" role="img">',
+    height = _BAR_TOP + _BAR_HEIGHT + 30 + 18 * ((len(memory.classes) + 2) // 3)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="picture memory" width="{_WIDTH}" height="{height}" '
+             f'viewBox="0 0 {_WIDTH} {height}" font-family="sans-serif" font-size="12" role="img">',
              f'<title>{html_text(memory.name)}: peak {html_text(format_bytes(memory.peak_bytes))} per device</title>',
              f'<text x="{_LEFT}" y="18">peak {html_text(format_bytes(memory.peak_bytes))} per device '
-             f'({html_text(memory.peak_source)})</text>']
+             f'({html_text(SOURCE_LABELS.get(memory.peak_source, memory.peak_source))})</text>']
     x = float(_LEFT)
     ordered = sorted(memory.classes.items(), key=lambda kv: -kv[1])
     for cls, size in ordered:
@@ -68,16 +73,49 @@ def memory_svg(memory: ModuleMemory) -> str:
     return "".join(parts)
 
 
+def headroom_line(memory: ModuleMemory) -> str:
+    """``peak 4.03 MiB per device (XLA's buffer assignment); tpu-v5e 16 GiB per device: headroom ...``"""
+    peak = (f"peak {format_bytes(memory.peak_bytes)} per device "
+            f"({SOURCE_LABELS.get(memory.peak_source, memory.peak_source)})")
+    target = memory.target
+    if target is None:
+        return peak + "; the target's memory is unknown (--hardware NAME)"
+    headroom = target.headroom(memory.peak_bytes)
+    used = f" ({memory.peak_bytes / target.hbm_bytes:.0%} used)" if target.hbm_bytes else ""
+    verdict = (f"headroom {format_bytes(headroom)}" if headroom >= 0
+               else f"over by {format_bytes(-headroom)}: does not fit")
+    return f"{peak}; {target.hardware} {format_bytes(target.hbm_bytes)} per device: {verdict}{used}"
+
+
+def _source(source: str | None) -> str:
+    """``path:line``, with the path relative to here when it is below."""
+    if not source:
+        return "-"
+    file, _, line = source.rpartition(":")
+    return f"{relative_path(file)}:{line}" if file and line.isdigit() else source
+
+
+def _items_table(memory: ModuleMemory, count: int) -> str:
+    rows = "".join(
+        f"<tr><td>{html_text(i.cls)}</td><td style='text-align:right'>{html_text(format_bytes(i.bytes))}</td>"
+        f"<td>{html_text(i.name)}</td><td>{html_text(_source(i.source))}</td></tr>" for i in memory.items[:count])
+    return ("<table class='memory-items'><tr><th>class</th><th>bytes</th><th>item</th><th>source</th></tr>"
+            + rows + "</table>")
+
+
+def memory_section(memory: ModuleMemory, items: int = 12) -> str:
+    """One module's memory: its headroom line, the picture, and its largest ``items`` items."""
+    over = memory.target is not None and memory.peak_bytes > memory.target.hbm_bytes
+    return (f'<p class="{"error" if over else "memory"}">{html_text(headroom_line(memory))}</p>'
+            + memory_svg(memory) + _items_table(memory, items))
+
+
 def memory_page(memories: Sequence[ModuleMemory], title: str) -> str:
     """One self-contained HTML page with each module's memory picture and its largest items."""
     body = [f"<h1>{html_text(title)}</h1>"]
     for memory in memories:
         body.append(f"<h2>{html_text(memory.name)}</h2>")
-        body.append(memory_svg(memory))
-        rows = "".join(
-            f"<tr><td>{html_text(i.cls)}</td><td style='text-align:right'>{html_text(format_bytes(i.bytes))}</td>"
-            f"<td>{html_text(i.name)}</td><td>{html_text(i.source or '-')}</td></tr>" for i in memory.items[:20])
-        body.append("<table><tr><th>class</th><th>bytes</th><th>item</th><th>source</th></tr>" + rows + "</table>")
+        body.append(memory_section(memory, 20))
     if not memories:
         body.append("<p>no module with a per-device snapshot</p>")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html_text(title) + "</title>"

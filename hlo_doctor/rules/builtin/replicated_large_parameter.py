@@ -12,6 +12,7 @@ from hlo_doctor.program.levers import keras_layout_key, nnx_partitioning, parame
 from hlo_doctor.program.source import recorded_parameter_path
 from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._batch import buffer_donors
+from hlo_doctor.rules._memory import parameter_classes
 from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -37,7 +38,8 @@ class ReplicatedLargeParameter(Rule):
     data (the batch input, tokens, labels) or scalars is decided by the
     analysis layer from the dataflow (:mod:`hlo_doctor.semantics.parameters`),
     so a data-parallel program, whose weights are all replicated on purpose
-    while its batch is sharded, gets no finding.
+    while its batch is sharded, gets no finding; nor does one whose optimizer
+    state alone is sharded (ZeRO-1): the state does not count as a sharded weight.
 
     **Why it hurts**
 
@@ -125,6 +127,11 @@ class ReplicatedLargeParameter(Rule):
                 replicated.append(param)
             elif lay.num_shards > 1 and not lay.is_manual:
                 sharded.append((param, lay.tiles_per_dim))
+        if replicated and sharded and classes is not None:
+            # optimizer state sharded while its weights are replicated is ZeRO-1, a layout of its
+            # own: the state is no comparable weight (replicated-optimizer-state judges the state)
+            state = {n for n, c in parameter_classes(ctx).items() if c == "optimizer_state"}
+            sharded = [(param, tiles) for param, tiles in sharded if param.parameter_number not in state]
         if not replicated or not sharded:
             return
         shard_count, axes = _weight_axes(ctx, sharded)

@@ -139,7 +139,7 @@ class ReplicatedOptimizerState(Rule):
                        f"{format_bytes(held - freed)} ({format_bytes(freed)} freed per device)")
         else:
             message = (f"data-parallel step: its {len(behind)} optimizer-state arrays ({listed}{more}) are replicated "
-                       f"on all {ctx.num_partitions} devices ({format_bytes(held)} each) while the batch is split "
+                       f"on all {ctx.num_partitions} devices ({format_bytes(held)} on each device) while the batch is split "
                        f"{wanted} ways; sharding the state over the data axis (ZeRO-1) frees {format_bytes(freed)} "
                        "per device")
         spec: list = [None] * len(largest.dims)
