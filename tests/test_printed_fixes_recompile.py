@@ -75,6 +75,9 @@ CASES = [
     Case("uneven-padding", "jax", "uneven-padding/jax-gspmd-bad", "gspmd", verbatim=False, value="50304"),
     Case("replicated-batch", "jax", "replicated-batch/jax-gspmd-bad", "gspmd", verbatim=False,
          value="('data', 'fsdp')"),
+    # the printed fix is the constraint's respec (the edit hlo-doctor fix writes): the value it names
+    Case("replicated-batch-regrouped", "jax", "replicated-batch-regrouped/jax-gspmd-bad", "gspmd", verbatim=False,
+         value="('data', 'fsdp')"),
     Case("sync-collective", "jax", "sync-collective/jax-h100_2x8-bad", target="h100:2x8", needs=("jax_plugins",)),
     # memory per device: the printed code names what the HLO cannot (placeholders), so the patch
     # carries the value the fix names: the axes, the moments' sharding, the remat policy

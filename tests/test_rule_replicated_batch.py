@@ -1,4 +1,5 @@
-"""replicated-batch on real fixtures (the gallery's replicated-batch pair) and hand-written probes."""
+"""replicated-batch on real fixtures (the gallery's replicated-batch and replicated-batch-regrouped pairs)
+and hand-written probes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hlo_doctor.analysis import analyze_dump
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PAIR = FIXTURES / "replicated-batch"
+REGROUPED = FIXTURES / "replicated-batch-regrouped"
+REGROUPED_PROGRAM = Path(__file__).resolve().parents[1] / "hlo_doctor/examples/programs/replicated_batch_regrouped.py"
 
 
 @pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
@@ -26,6 +29,37 @@ def test_the_axis_that_splits_nothing_repeats_the_work(partitioner):
     assert "reduced over 'data'" in finding.suggestion.summary  # what the fix costs in a training step
     assert analyze_dump(PAIR / f"jax-{partitioner}-fixed", select=["replicated-batch"]).findings == ()
 
+
+
+def _program_line(needle: str) -> int:
+    """The one line of the regrouped example's program holding ``needle`` (1-based)."""
+    (line,) = [n for n, text in enumerate(REGROUPED_PROGRAM.read_text().splitlines(), 1) if needle in text]
+    return line
+
+
+@pytest.mark.parametrize("devices_per_host", [4, 8])
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_a_batch_regrouped_by_a_layer_output_constraint_is_found_there(partitioner, devices_per_host):
+    # tokens over ('data', 'fsdp'); layer 0 runs on that split, its output constraint P('fsdp', None, None)
+    # takes the batch off 'data' for layer 1 and the unembedding (see the fixtures' expected_findings notes)
+    bad = REGROUPED / f"jax-{partitioner}-bad"
+    (finding,) = analyze_dump(bad, select=["replicated-batch"], devices_per_host=devices_per_host).findings
+    evidence = finding.evidence
+    assert evidence["regrouped"] is True and evidence["replicated_axes"] == ["data"]
+    assert evidence["batch_axes"] == ["data", "fsdp"] and evidence["batch_input"] == "tokens"
+    assert evidence["constraint_spec"] == [["fsdp"], [], []]
+    # anchored at layer 0's output constraint: the partitioned op of the propagated module's constraint
+    assert (evidence["constraint"], finding.instruction) == {
+        "shardy": ("sharding_constraint.2", "sharding_constraint.10"), "gspmd": ("copy.1", "copy.6")}[partitioner]
+    assert 0 < evidence["repeated_flops_fraction"] < 1  # layer 0's matmuls kept the split
+    assert Path(finding.source.file).name == REGROUPED_PROGRAM.name
+    assert finding.source.line == _program_line("NamedSharding(mesh, layer_output))")
+    (edit,) = finding.suggestion.edits
+    assert edit.kind == "respec" and Path(edit.file).name == REGROUPED_PROGRAM.name
+    assert edit.line == _program_line('layer_output = P("fsdp", None, None)')
+    assert edit.old_spec == (("fsdp",), None, None) and edit.spec == (("data", "fsdp"), None, None)
+    fixed = REGROUPED / f"jax-{partitioner}-fixed"
+    assert analyze_dump(fixed, select=["replicated-batch"], devices_per_host=devices_per_host).findings == ()
 
 # Hand-written probes (small HLO written for this test, not compiler output).
 _REPLICATED = """\

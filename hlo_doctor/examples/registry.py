@@ -117,6 +117,12 @@ EXAMPLES: tuple[Example, ...] = (
         reference="https://github.com/pytorch/xla/issues/6778",
     ),
     Example(
+        "replicated-batch-regrouped",
+        "tokens split over ('data', 'fsdp'), each layer's output constrained to 'fsdp' alone: "
+        "after the first layer the 'data' axis repeats the work",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("replicated_batch_regrouped"),
+    ),
+    Example(
         "llama-fsdp",
         "healthy: llama-like decoder, parameters and batch sharded over one FSDP axis",
         HEALTHY, devices=4, scripts=_jax("llama_fsdp"),

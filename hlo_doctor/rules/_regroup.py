@@ -169,10 +169,11 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     source = finding.source
     if source is None or finding.suggestion is None:
         return finding
-    respec = spec_site(source.file, source.line, old)
+    written = tuple(dims or None for dims in old)  # as the program writes it: P('fsdp', None, None)
+    respec = spec_site(source.file, source.line, written)
     if respec is None:
         return finding
-    edit = SourceEdit("respec", ctx.framework or "jax", spec=tuple(new), old_spec=old, file=source.file,
+    edit = SourceEdit("respec", ctx.framework or "jax", spec=tuple(new), old_spec=written, file=source.file,
                       line=respec.line)
     return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))
 
