@@ -102,19 +102,20 @@ def _factorizations(n: int, parts: int) -> list[list[int]]:
 
 
 def random_spec(seed: int, injection: str | None = "random", *, devices: int | None = None,
-                hosts: int | None = None) -> ProgramSpec:
+                hosts: int | None = None, exclude: tuple[str, ...] = ()) -> ProgramSpec:
     """A spec drawn from ``seed``. ``injection``: a pathology name, None (clean), "random" (any or
-    none) or "any" (one of the pathologies). ``devices`` and ``hosts``: fixed by a target, else drawn."""
+    none) or "any" (one of the pathologies but ``exclude``). ``devices`` and ``hosts``: fixed by a
+    target, else drawn."""
     rng = random.Random(seed)
     for _ in range(200):
-        spec = _draw(rng, seed, injection, devices, hosts)
+        spec = _draw(rng, seed, injection, devices, hosts, exclude)
         if spec is not None:
             return spec
     raise RuntimeError(f"no legal spec for seed {seed} and injection {injection!r}")
 
 
 def _draw(rng: random.Random, seed: int, injection: str | None, fixed_devices: int | None = None,
-          fixed_hosts: int | None = None) -> ProgramSpec | None:
+          fixed_hosts: int | None = None, exclude: tuple[str, ...] = ()) -> ProgramSpec | None:
     devices = fixed_devices or rng.choice((4, 8, 8, 16))
     parts = rng.choice((1, 2, 2, 3))
     shapes = _factorizations(devices, parts)
@@ -127,9 +128,9 @@ def _draw(rng: random.Random, seed: int, injection: str | None, fixed_devices: i
         return None
     axes = [Axis(n, s, r) for n, s, r in zip(names, sizes, roles, strict=True)]
     if injection == "random":
-        injection = rng.choice((None, None, *PATHOLOGIES))
+        injection = rng.choice((None, None, *(p for p in PATHOLOGIES if p not in exclude)))
     elif injection == "any":
-        injection = rng.choice(tuple(PATHOLOGIES))
+        injection = rng.choice(tuple(p for p in PATHOLOGIES if p not in exclude))
     hosts = fixed_hosts or rng.choice([h for h in (1, 2, 4) if devices // h >= 2])
     tensor = [a for a in axes if a.role == "tensor"]
     # Physical order: tensor axes minor (inside a host), the rest shuffled.
