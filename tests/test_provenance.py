@@ -92,11 +92,21 @@ _ADAMW_GAP = pytest.mark.xfail(strict=True, reason="explain misses the origins o
                                                    "of the replicated-adamw-state step")
 
 
+# The regrouped-batch step: explain finds no origin on 'data' for 3 values (mul.358,
+# broadcast_in_dim.104, mul.463) whose 'data' sharding Shardy traces to the embeddings' pinning
+# constraint (constraint_1), across the regroup that takes 'data' off the residual: a known gap,
+# tracked strictly.
+_REGROUP_GAP = pytest.mark.xfail(strict=True, reason="explain misses the 'data' origin of 3 values of the "
+                                                     "replicated-batch-regrouped step")
+
+
 def _gap_of(folder: Path):  # noqa: ANN202
     if folder.parent.name.startswith("keras-"):
         return _KERAS_GAP
     if folder.parent.name == "replicated-adamw-state" and folder.name.endswith("-bad"):
         return _ADAMW_GAP
+    if folder.parent.name == "replicated-batch-regrouped" and folder.name.endswith("-bad"):
+        return _REGROUP_GAP
     return None
 
 

@@ -590,13 +590,10 @@ def parse_module(text: str, *, path: str | None = None) -> HloModule:
             raise parser.error("nesting too deep") from None
 
 
-def _declared_devices(attributes: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> int | None:
+def _declared_devices(attributes: list[tuple[str, str]]) -> int | None:
     """num_partitions x replica_count of a module header (each 1 when absent); None when it declares
-    neither (a hand-written module: nothing to check against)."""
+    neither (a hand-written module: nothing to check against) or not as integers."""
     values = dict(attributes)
-    if "num_partitions" not in values and "replica_count" not in values:
-        return None
-    try:
-        return int(values.get("num_partitions", "1")) * int(values.get("replica_count", "1"))
-    except ValueError:
-        return None
+    counts = [values.get(key, "1").strip() for key in ("num_partitions", "replica_count")]
+    declared = "num_partitions" in values or "replica_count" in values
+    return int(counts[0]) * int(counts[1]) if declared and all(c.isdigit() for c in counts) else None
