@@ -136,7 +136,8 @@ def test_a_probe_with_a_replicating_axis_fires_with_positional_names_said_so(tmp
 
 
 # Hand-written probe: the input split over both axes of a 2x2 mesh, then a sharding constraint
-# (GSPMD's custom-call to Sharding) that keeps the batch on the first axis alone.
+# (GSPMD's custom-call to Sharding) that keeps the batch on the first axis alone, the rows
+# all-gathered over the second axis on the way (what a regroup moves).
 _REGROUPED = """\
 HloModule probe_regroup, num_partitions=4
 
@@ -145,7 +146,9 @@ ENTRY %main (x: f32[8,64], w1: f32[64,64], w2: f32[64,64]) -> f32[8,64] {
   %w1 = f32[64,64]{1,0} parameter(1), sharding={replicated}, metadata={op_name="w1"}
   %w2 = f32[64,64]{1,0} parameter(2), sharding={replicated}, metadata={op_name="w2"}
   %h = f32[8,64]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}
-  %c = f32[8,64]{1,0} custom-call(%h), custom_call_target="Sharding", sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+  %hs = f32[4,64]{1,0} slice(%h), slice={[0:4], [0:64]}
+  %ag = f32[8,64]{1,0} all-gather(%hs), channel_id=1, replica_groups={{0,1},{2,3}}, dimensions={0}, use_global_device_ids=true
+  %c = f32[8,64]{1,0} custom-call(%ag), custom_call_target="Sharding", sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
   %h2 = f32[8,64]{1,0} dot(%c, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
   ROOT %h3 = f32[8,64]{1,0} dot(%h2, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
 }

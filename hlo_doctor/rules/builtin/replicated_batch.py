@@ -177,7 +177,10 @@ class ReplicatedBatch(Rule):
                    for a in r.facts.op.mesh_axes or ()}
         if batch_axes:
             candidates -= traffic
-        regroup_axes = set(batch_axes)  # activation traffic over a batch axis is the regroup's symptom, not TP
+        # A regroup moves rows over the axis it takes the batch off (its symptom, not tensor
+        # parallelism): without activation traffic over a batch axis there is none to look for, and
+        # the propagated module (parsed in this process when the rules are split) is not read.
+        regroup_axes = batch_axes & traffic
         if not candidates and not regroup_axes:
             return
         module = ctx.sharded
