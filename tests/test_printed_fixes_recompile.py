@@ -85,6 +85,8 @@ CASES = [
          verbatim=False, value="('data', 'fsdp')"),
     Case("replicated-adamw-state", "jax", "replicated-adamw-state/jax-shardy-bad", "shardy", verbatim=False,
          value="p.sharding"),
+    Case("zero1-adamw-state", "jax", "zero1-adamw-state/jax-shardy-bad", "shardy", verbatim=False,
+         value="NamedSharding(mesh, P('data', None))"),
     Case("fsdp-gathered-weights", "jax", "fsdp-gathered-weights/jax-h100_2x8-bad", target="h100:2x8",
          needs=("jax_plugins",), verbatim=False, value="jax.checkpoint_policies.nothing_saveable",
          rules=("gathered-weights-held",)),  # communication-bound: both twins (see their expected findings)

@@ -22,6 +22,11 @@ def _in_program(code: str, variant: str) -> str:
     return code.replace("(mesh,", "(self.mesh,").replace("(h, mesh,", "(h, self.mesh,") if "torch" in variant else code
 
 
+def _named(code: str, value: str) -> str:
+    """The fix code constraining ``value`` instead of ``h``."""
+    return code.replace("h = ", f"{value} = ", 1).replace("(h,", f"({value},")
+
+
 def _findings(folder: Path, rule: str):
     report = analyze_dump(folder, select=[rule])
     assert not report.errors, report.errors
@@ -58,9 +63,11 @@ def test_seed_activation_gathers(variant):
         "consuming_dot": "dot.1",
     }
     assert h.evidence["weight_bytes"] == 128 * 960 * 4
-    for finding in (x, h):
-        assert finding.suggestion.jax == _in_program(JAX_FIX, variant)
-        assert finding.suggestion.torch_xla == _in_program(TORCH_FIX, variant)
+    # x's line assigns h; h's line (``return h @ w2.T + b2``) assigns nothing: a placeholder, never a
+    # made-up name
+    for finding, value in ((x, "h"), (h, "<activation>")):
+        assert finding.suggestion.jax == _named(_in_program(JAX_FIX, variant), value)
+        assert finding.suggestion.torch_xla == _named(_in_program(TORCH_FIX, variant), value)
         assert "('fsdp', 'replica')" in finding.suggestion.summary
 
 

@@ -91,12 +91,11 @@ def test_fixed_fixture_no_finding_although_xla_made_the_first_all_gather_sync():
     # KiB of loss bookkeeping are independent of it, nothing that could hide 5 MiB of weights
     assert _sync_starts(_snapshot(folder)) == ["all-gather-start"]
     assert _sync_findings(folder) == ()
-    # with every bit of independent work counted it would be reported, as a schedule problem
+    # even with every byte of independent work counted: XLA made it synchronous itself, and no
+    # matmul or loop is independent of it, so its own schedule stands
     report = analyze_dump(folder, select=["sync-collective"],
                           rule_options={"sync-collective": {"min_work_fraction": 0.0}})
-    (finding,) = report.findings
-    assert finding.instruction == "all-gather-start" and finding.evidence["cause"] == "schedule"
-    assert "no debug option turns overlap off" in finding.message
+    assert report.findings == ()
 
 
 # --- analyze_jax(target=...) -------------------------------------------------------------------
