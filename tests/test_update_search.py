@@ -40,6 +40,18 @@ def test_backward_pass_holds_every_node_the_walk_succeeds_from(folder):
     assert all(search.reaches_update(node) == found for node, found in walked.items())
 
 
+def _search_in(tmp_path: Path, text: str):  # noqa: ANN202
+    """The graph and the update search of a hand-written step's partitioned module."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    (folder / "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(text)
+    dump = load_dump(folder)
+    semantics = RuleContext(dump, dump.modules[0], AnalysisOptions()).semantics
+    graph, params, batch = semantics.view.graph, semantics.parameters, semantics.batch
+    assert graph is not None and params is not None and batch is not None and params.state
+    return graph, _Judge(graph, params, batch).updates
+
+
 # Hand-written: a weight's gradient g carried in a tuple inside a tuple on its way to the update
 # (the backward pass's state nests tuples so: a loop's carry in a call's result). The walk enters
 # the outer tuple from any element of the inner one, so the backward pass must take every element.
@@ -62,14 +74,7 @@ ENTRY %main (w: f32[8,4], x: f32[2,8]) -> (f32[8,4]) {
 
 
 def test_a_gradient_in_nested_tuples_reaches_its_update(tmp_path):
-    folder = tmp_path / "nested"
-    folder.mkdir()
-    (folder / "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(_NESTED)
-    dump = load_dump(folder)
-    semantics = RuleContext(dump, dump.modules[0], AnalysisOptions()).semantics
-    graph, params, batch = semantics.view.graph, semantics.parameters, semantics.batch
-    assert graph is not None and params is not None and batch is not None and params.state
-    search = _Judge(graph, params, batch).updates
+    graph, search = _search_in(tmp_path, _NESTED)
     g = graph.id_of(("main", "g"))
     assert g is not None and search._search_update(g)  # the premise: the walk gets there
     assert search._may_reach(g) and search.reaches_update(g)
@@ -102,14 +107,7 @@ ENTRY %main (w: f32[8,4], x: f32[2,8], i: s32[2,1]) -> (f32[8,4]) {
 
 
 def test_a_gradient_a_scatter_adds_rows_onto_reaches_its_update_and_the_rows_do_not(tmp_path):
-    folder = tmp_path / "scattered"
-    folder.mkdir()
-    (folder / "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(_SCATTERED)
-    dump = load_dump(folder)
-    semantics = RuleContext(dump, dump.modules[0], AnalysisOptions()).semantics
-    graph, params, batch = semantics.view.graph, semantics.parameters, semantics.batch
-    assert graph is not None and params is not None and batch is not None and params.state
-    search = _Judge(graph, params, batch).updates
+    graph, search = _search_in(tmp_path, _SCATTERED)
     g, rows = graph.id_of(("main", "g")), graph.id_of(("main", "rows"))
     assert g is not None and rows is not None
     assert search._may_reach(g) and search.reaches_update(g)

@@ -39,13 +39,7 @@ def dump_program(ctx: RuleContext) -> str | None:
 
 
 def _size(module) -> int:  # noqa: ANN001 - a DumpModule
-    total = 0
-    for snapshot in module.snapshots:
-        try:
-            total += snapshot.path.stat().st_size
-        except (OSError, AttributeError):
-            total += _MAX_BYTES
-    return total
+    return sum(snapshot.size for snapshot in module.snapshots)
 
 
 def program_axis_names(ctx: RuleContext, program: str | None) -> dict[str, str]:

@@ -23,7 +23,7 @@ from typing import Protocol
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.mesh import Mesh, dim_axes
-from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, ShardingKind
+from hlo_doctor.hlo.ir import HloModule, Instruction, ShardingKind
 from hlo_doctor.program.levers import with_lever
 from hlo_doctor.program.spec_sites import spec_site
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
@@ -93,12 +93,8 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
         batch_dim = next((d for d, dims in enumerate(spec) if set(dims) & batch_axes), None)
         if batch_dim is None:
             continue
-        return Regroup(_name(computation), instruction, batch_dim, spec)
+        return Regroup(computation.name, instruction, batch_dim, spec)
     return None
-
-
-def _name(computation: Computation) -> str:
-    return computation.name
 
 
 def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: DataflowGraph,

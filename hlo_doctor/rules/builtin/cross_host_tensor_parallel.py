@@ -210,16 +210,8 @@ def _only_data_parallel_axes_cross(ctx: RuleContext, axes: tuple[str, ...] | Non
     other = [a for a in axes if a not in data_parallel]
     if not other or len(other) == len(axes):
         return False
-    varying = [mesh.axis_names.index(a) for a in other]
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for device in mesh.device_ids:
-        coords = mesh.coords(device)
-        if coords is None:
-            return False
-        fixed = tuple(c for i, c in enumerate(coords) if i not in varying)
-        groups.setdefault(fixed, []).append(device)
     device_map = ctx.device_map
-    return all(device_map.crosses_slow_boundary(group) is False for group in groups.values())
+    return all(device_map.crosses_slow_boundary(group) is False for group in mesh.groups_over(other))
 
 
 def _mesh_fix(mesh, tp_axes: Sequence[str], per_host: int | None, num_devices: int) -> tuple[str, str, str]:

@@ -365,17 +365,11 @@ def _main_step(ctx: RuleContext, module: HloModule, params: EntryParameters, mes
     ways = math.prod(mesh.axis_size(a) for a in axes)
     if rows < ways or rows % ways:
         return False
-    return all(_size(other) <= _size(ctx.module) for other in ctx.dump.modules)
+    return all(_text_bytes(other) <= _text_bytes(ctx.module) for other in ctx.dump.modules)
 
 
-def _size(module) -> int:  # noqa: ANN001 - a DumpModule
-    total = 0
-    for snapshot in module.snapshots:
-        try:
-            total += snapshot.path.stat().st_size
-        except (OSError, AttributeError):
-            pass
-    return total
+def _text_bytes(module) -> int:  # noqa: ANN001 - a DumpModule
+    return sum(s.size for s in module.snapshots)
 
 
 def _axes_in_use(module: HloModule, mesh: Mesh) -> set[str]:
