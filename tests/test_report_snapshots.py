@@ -33,8 +33,12 @@ def recorded_root(folder: str) -> str:
 
 
 def normalize(text: str, folder: str) -> str:
-    text = text.replace(str(ROOT / "fixtures"), "<repo>/fixtures").replace(recorded_root(folder), "<compiled-in>")
-    text = text.replace(str(ROOT), "<repo>")
+    text = text.replace(str(ROOT / "fixtures"), "<repo>/fixtures")
+    # The longer path first: a clean clone may sit under a folder that ends with the recorded one.
+    for path, token in sorted(
+        {recorded_root(folder): "<compiled-in>", str(ROOT): "<repo>"}.items(), key=lambda kv: -len(kv[0])
+    ):
+        text = text.replace(path, token)
     return text.replace(f'"{__version__}"', '"<version>"').replace(f"hlo-doctor {__version__}", "hlo-doctor <version>")
 
 
