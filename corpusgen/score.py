@@ -26,7 +26,9 @@ import argparse
 import json
 import sys
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,33 +160,62 @@ def score_program(folder: Path) -> ProgramScore:
                         by_role, agreed_by_role, disagreements)
 
 
+def _score_or_crash(folder: Path, relabel_first: bool) -> ProgramScore:
+    """One program's score; a crash is a disagreement of its own, reported."""
+    if relabel_first:
+        relabel(folder)
+    try:
+        return score_program(folder)
+    except Exception as error:  # noqa: BLE001 - reported as a disagreement
+        return ProgramScore(folder.name, None, [], [], [], 0, 0, Counter(), Counter(),
+                            [Disagreement(folder.name, "crash", type(error).__name__, "a report", str(error)[:200])])
+
+
+def _recall(scores: list[ProgramScore]) -> tuple[Counter, Counter]:
+    """Per pathology: the programs whose expected rules were all reported, and the programs."""
+    recall: Counter = Counter()
+    injected: Counter = Counter()
+    for s in scores:
+        if s.pathology:
+            injected[s.pathology] += 1
+            recall[s.pathology] += all(r in s.found_rules for r in s.expected_rules) and (
+                not s.expected_any or bool(set(s.expected_any) & set(s.found_rules)))
+    return recall, injected
+
+
+def _summary(scores: list[ProgramScore]) -> str:
+    """``roles A/B (P%), recall C/D, false-positive programs E/F``."""
+    total = sum(s.roles_total for s in scores)
+    agreed = sum(s.roles_agreed for s in scores)
+    recall, injected = _recall(scores)
+    clean = [s for s in scores if not s.pathology]
+    false_positive = sum(1 for s in clean if s.found_rules)
+    return (f"roles {agreed}/{total} ({_percent(agreed, total)}), recall {sum(recall.values())}/{sum(injected.values())}, "
+            f"false-positive programs {false_positive}/{len(clean)}")
+
+
 def _percent(a: int, b: int) -> str:
     return f"{100 * a / b:.1f}%" if b else "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("corpus", help="a folder made by corpusgen/generate.py")
+    parser.add_argument("corpus", nargs="+", help="folders made by corpusgen/generate.py (scored as one corpus)")
     parser.add_argument("--known", default=str(KNOWN), help="reviewed known disagreements (TOML)")
     parser.add_argument("--relabel", action="store_true", help="rerun the oracle on each dump first")
+    parser.add_argument("--jobs", type=int, default=1, help="programs scored at once (processes)")
     options = parser.parse_args(argv)
-    folders = sorted(p.parent for p in Path(options.corpus).glob("*/truth.json"))
+    folders = [p.parent for corpus in options.corpus for p in sorted(Path(corpus).glob("*/truth.json"))]
     if not folders:
-        print(f"score: no programs (*/truth.json) under {options.corpus}", file=sys.stderr)
+        print(f"score: no programs (*/truth.json) under {' '.join(options.corpus)}", file=sys.stderr)
         return 2
     known = load_known(Path(options.known))
-    scores = []
-    for folder in folders:
-        if options.relabel:
-            relabel(folder)
-        try:
-            scores.append(score_program(folder))
-        except Exception as error:  # noqa: BLE001 - a crash is a disagreement of its own, reported
-            scores.append(ProgramScore(folder.name, None, [], [], [], 0, 0, Counter(), Counter(),
-                                       [Disagreement(folder.name, "crash", type(error).__name__, "a report",
-                                                     str(error)[:200])]))
-    total = sum(s.roles_total for s in scores)
-    agreed = sum(s.roles_agreed for s in scores)
+    task = partial(_score_or_crash, relabel_first=options.relabel)
+    if options.jobs > 1:
+        with ProcessPoolExecutor(options.jobs) as pool:
+            scores = list(pool.map(task, folders, chunksize=4))
+    else:
+        scores = [task(folder) for folder in folders]
     by_role: Counter = Counter()
     by_role_agreed: Counter = Counter()
     for s in scores:
@@ -193,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"roles by oracle role ({len(scores)} programs):")
     for role, count in by_role.most_common():
         print(f"  {role:18} {by_role_agreed[role]:5}/{count:<5} {_percent(by_role_agreed[role], count)}")
-    recall: Counter = Counter()
-    injected: Counter = Counter()
-    for s in scores:
-        if s.pathology:
-            injected[s.pathology] += 1
-            recall[s.pathology] += all(r in s.found_rules for r in s.expected_rules) and (
-                not s.expected_any or bool(set(s.expected_any) & set(s.found_rules)))
+    recall, injected = _recall(scores)
     print("recall by pathology:")
     for pathology, count in sorted(injected.items()):
         print(f"  {pathology:26} {recall[pathology]}/{count}")
@@ -208,18 +233,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"false positives: {len(false_positive)}/{len(clean)} clean programs get a warning")
     unknown = 0
     print("disagreements:")
-    for s in scores:
+    for folder, s in zip(folders, scores, strict=True):
+        where = f"{folder.parent.name}/" if len(options.corpus) > 1 else ""
         for d in s.disagreements:
             reason = next((k["reason"] for k in known if d.matches(k)), None)
             if reason is None:
                 unknown += 1
-                print(f"  {d.line()}")
+                print(f"  {where}{d.line()}")
             else:
-                print(f"  known: {d.line()} -- {reason}")
+                print(f"  known: {where}{d.line()} -- {reason}")
     print(f"{unknown} disagreements not in {options.known}")
-    print(f"corpus: roles {agreed}/{total} ({_percent(agreed, total)}), "
-          f"recall {sum(recall.values())}/{sum(injected.values())}, "
-          f"false-positive programs {len(false_positive)}/{len(clean)}")
+    if len(options.corpus) > 1:
+        for corpus in options.corpus:
+            part = [s for folder, s in zip(folders, scores, strict=True) if folder.parent == Path(corpus)]
+            print(f"  {corpus}: {_summary(part)}")
+    print(f"corpus: {_summary(scores)}")
     return 1 if unknown else 0
 
 

@@ -119,3 +119,33 @@ def test_batch_dims_are_those_of_the_sorted_pairs():
         analysis = BatchAnalysis(module, graph, inputs, frozenset(), {}, PairValues(bits, coding), {})
         expected = {dim: param for param, dim in sorted(pairs) if param in inputs}
         assert list(analysis.batch_dims(key).items()) == list(expected.items())
+
+
+# Hand-written HLO (not compiler output): an eval step whose second layer is applied as ``w @ x.T``,
+# so the weight w1 reaches its dot as the lhs's free dim 0, as the data x does in the first layer.
+EVAL_W_XT = """
+HloModule eval_w_xt
+
+ENTRY main {
+  x = f32[8,16] parameter(0)
+  w0 = f32[16,32] parameter(1)
+  w1 = f32[64,32] parameter(2)
+  w2 = f32[16,64] parameter(3)
+  h = f32[8,32] dot(x, w0), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ht = f32[32,8] transpose(h), dimensions={1,0}
+  g = f32[64,8] dot(w1, ht), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT o = f32[16,8] dot(w2, g), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_a_weight_applied_as_w_at_x_transposed_has_its_dim_0_contracted_by_the_next_layer():
+    from hlo_doctor.semantics.batch_dims import contracted_inputs
+
+    module = parse_module(EVAL_W_XT)
+    graph = build_graph(module)
+    # x's batch dim goes through every layer; w0's dim 0 is a contracting dim of its own dot, and w1's
+    # output features (its dim 0) are contracted by the next layer's dot. The last layer's w2 keeps its
+    # dim 0 to the output: this test alone cannot tell it from data.
+    assert contracted_inputs(module, graph, frozenset({0, 1, 2, 3})) == {1, 2}
+    assert contracted_inputs(module, graph, frozenset({0})) == frozenset()

@@ -33,9 +33,15 @@ from hlo_doctor.rules._program_files import dump_program, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
+from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
+from hlo_doctor.semantics.cost import matmul_flops
+from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.semantics.parameters import EntryParameters
 
-__all__ = ["Regroup", "regroup_site", "regrouped_batch", "torch_batch_lever"]
+__all__ = ["Regroup", "regroup_site", "regrouped_batch", "rows_repeated", "torch_batch_lever"]
+
+
+_SYMPTOM_ROLES = ACTIVATION_ROLES | {"reshard"}
 
 
 class RepeatedAxis(Protocol):
@@ -66,9 +72,13 @@ def is_constraint(instruction: Instruction) -> bool:
 
 
 def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh, axis: str,
-                 batch_axes: set[str]) -> Regroup | None:
-    """The first constraint (program order) that the batch input reaches and that shards one dim
-    over other batch axes but not over ``axis``: where the batch leaves ``axis``."""
+                 batch_axes: set[str], batch: BatchAnalysis | None = None) -> Regroup | None:
+    """The first constraint (program order) that the batch input reaches and that puts the batch dim
+    on other batch axes, or on none (replicated), but not on ``axis``: where the batch leaves ``axis``.
+
+    The batch dim is the constraint's dim that carries a data input's dim 0 (``batch``, followed
+    through the propagated module); without it, the dim that a constraint shards over other batch axes.
+    """
     data_bits = 0
     for number in params.data:
         data_bits |= 1 << number
@@ -76,22 +86,32 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
         if not is_constraint(instruction) or instruction.shape.is_tuple or instruction.shape.rank < 1:
             continue
         sharding = instruction.sharding
-        if sharding is None or sharding.kind is not ShardingKind.TILED:
+        if sharding is None or sharding.kind not in (ShardingKind.TILED, ShardingKind.REPLICATED):
             continue
         node = graph.id_of((computation.name, instruction.name))
         if node is None or not graph.parameter_bits(node) & data_bits:
             continue
-        try:
-            per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
-        except (ValueError, KeyError):
-            continue
-        if per_dim is None:
-            continue
-        spec = tuple(tuple(a.split(":(")[0] for a in dims) for dims in per_dim)
+        rank = instruction.shape.rank
+        if sharding.kind is ShardingKind.REPLICATED:
+            spec: tuple[tuple[str, ...], ...] = tuple(() for _ in range(rank))
+        else:
+            try:
+                per_dim = dim_axes(sharding, rank, mesh)
+            except (ValueError, KeyError):
+                continue
+            if per_dim is None:
+                continue
+            spec = tuple(tuple(a.split(":(")[0] for a in dims) for dims in per_dim)
         if any(axis in dims for dims in spec):
             continue
-        batch_dim = next((d for d, dims in enumerate(spec) if set(dims) & batch_axes), None)
-        if batch_dim is None:
+        tracked = batch.batch_dims((computation.name, instruction.name)) if batch is not None else {}
+        if tracked:
+            batch_dim = min(tracked)
+        elif sharding.kind is ShardingKind.TILED:
+            batch_dim = next((d for d, dims in enumerate(spec) if set(dims) & batch_axes), None)
+            if batch_dim is None:
+                continue
+        else:
             continue
         return Regroup(computation.name, instruction, batch_dim, spec)
     return None
@@ -108,7 +128,9 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
         return None
     batch_input = max(data, key=lambda p: p.shape.byte_size)
     input_name = parameter_name(ctx, batch_input, with_shape=False)
-    site = regroup_site(module, graph, params, mesh, repeated.name, batch_axes)
+    # the batch dim of each value of the propagated module (dim 0 of the data inputs, followed)
+    batch = analyze_data_batch(ctx.semantics.view, module, graph, params.data)
+    site = regroup_site(module, graph, params, mesh, repeated.name, batch_axes, batch)
     if site is None:
         return None  # no constraint of the program's regroups it: XLA's own choice, for the batch-traffic rules
     _, top = repeated.dots[0]
@@ -117,8 +139,11 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     share = repeated.flops / activation_flops
     axis = repr(repeated.name)
     old = site.spec
+    kept_axes = old[site.batch_dim]
     where = (f"the sharding constraint {site.constraint.name} ({site.constraint.shape}) puts its batch dim "
-             f"{site.batch_dim} on {'/'.join(repr(a) for a in old[site.batch_dim])} alone")
+             f"{site.batch_dim} on {'/'.join(repr(a) for a in kept_axes)} alone" if kept_axes else
+             f"the sharding constraint {site.constraint.name} ({site.constraint.shape}) leaves its batch dim "
+             f"{site.batch_dim} on no mesh axis")
     anchor, anchor_computation = site.constraint, site.computation
     batch_dim = site.batch_dim
     new: list[tuple[str, ...] | None] = [dims or None for dims in old]
@@ -127,8 +152,8 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
         f"the batch is regrouped off mesh axis {axis} mid-graph: the batch input {input_name} "
         f"({batch_input.shape}) is split over {'/'.join(repr(a) for a in combined)}, but {where}, so "
         f"{share:.0%} of the matmul FLOPs on activations repeat along {axis}: its {repeated.size} devices "
-        f"compute the same rows from there on (e.g. {top.name} {top.shape}, split over "
-        f"{'/'.join(repr(a) for a in others) or 'no batch axis'} only)"
+        f"compute the same rows from there on (e.g. {top.name} {top.shape}, "
+        + (f"split over {'/'.join(repr(a) for a in others)} only)" if others else "on every row of the batch)")
     )
     jax_code, torch_code = constraint_code(new, "h")
     summary = (
@@ -136,8 +161,9 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
         f"the matmuls after it then take 1/{repeated.size} of today's rows per device; it moves nothing new "
         "(the batch is already split this way when it arrives)."
     )
-    # the activation traffic over the axis is the regroup's symptom (per-device collective names)
-    traffic = tuple(r.facts.instruction for r in ctx.semantics.roles if r.role in ACTIVATION_ROLES
+    # the activation traffic over the axis, and the reshards of the regrouped rows, are the regroup's
+    # symptoms (per-device collective names)
+    traffic = tuple(r.facts.instruction for r in ctx.semantics.roles if r.role in _SYMPTOM_ROLES
                     and repeated.name in {a.split(":(")[0] for a in r.facts.op.mesh_axes or ()})
     partitioned = ctx.partitioned_names([(anchor_computation, anchor.name)])
     finding = rule.finding(
@@ -185,3 +211,54 @@ def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_
         lever = torch_static_marks(program, [tuple(names.get(a, a) for a in d) if d else d for d in spec],
                                    tuple(names.get(a, a) for a in batch_axes))
     return with_lever(finding, lever, ctx.framework)
+
+
+def rows_repeated(ctx: RuleContext, params: EntryParameters) -> tuple[float, float, int,
+                                                                     tuple[tuple[str, Instruction], ...]]:
+    """Per device: the FLOPs of all activation matmuls, of those whose operands hold more rows of
+    the batch than the batch input's shard (a dim that carries the batch, up to the global batch),
+    the largest such excess and those matmuls, largest first.
+
+    Read where the work happens, in the partitioned module: a constraint that regroups the batch
+    can be undone by propagation in the propagated module (its ops split again), while the
+    partitioner still all-gathers the rows for a matmul (a weight gradient over the whole batch).
+    """
+    semantics = ctx.semantics
+    module, graph, batch = ctx.per_device, semantics.view.graph, semantics.batch
+    entry = module.entry if module is not None else None
+    if entry is None or graph is None or batch is None:
+        return 0.0, 0.0, 1, ()
+    rows = {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
+            if p.parameter_number in params.data and not p.shape.is_tuple and p.shape.rank >= 1}
+    data_bits = 0
+    for number in params.data:
+        data_bits |= 1 << number
+    total = repeated = 0.0
+    factor = 1
+    found: list[tuple[float, str, Instruction]] = []
+    for computation, dot in module.instructions():
+        if dot.opcode not in MATMULS or len(dot.operands) < 2 or dot.shape.is_tuple:
+            continue
+        node = graph.id_of((computation.name, dot.name))
+        if node is None or not graph.parameter_bits(node) & data_bits:
+            continue
+        flops = matmul_flops(dot, computation)
+        if flops <= 0:
+            continue
+        total += flops
+        most = 1
+        for name in dot.operands[:2]:
+            operand = computation.get(name)
+            if operand is None or operand.shape.is_tuple:
+                continue
+            for dim, param in batch.batch_dims((computation.name, name)).items():
+                shard, whole = rows.get(param), batch.global_batch.get(param)
+                held = operand.shape.dims[dim] if dim < operand.shape.rank else 0
+                if shard and whole and shard < held <= whole and whole % held == 0 and held % shard == 0:
+                    most = max(most, held // shard)
+        if most > 1:
+            repeated += flops
+            factor = max(factor, most)
+            found.append((flops, computation.name, dot))
+    found.sort(key=lambda f: (-f[0], f[2].name))
+    return total, repeated, factor, tuple((c, d) for _, c, d in found)

@@ -47,7 +47,7 @@ from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _Propagatio
 )
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "parameter_sharding"]
+__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "parameter_sharding"]
 
 _DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
@@ -273,3 +273,34 @@ def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], 
                 if param not in found and param in candidates and not graph.parameter_bits(rhs) >> param & 1:
                     found.add(param)
     return found
+
+
+def contracted_inputs(module: HloModule, graph: DataflowGraph, inputs: frozenset[int]) -> frozenset[int]:
+    """The entry parameters in ``inputs`` whose dim 0, followed through every op (dots included),
+    reaches some dot or convolution as a contracting dim.
+
+    A forward pass never contracts its batch; a weight's free dim (``w @ x.T`` makes the weight's
+    output features the lhs's free dim 0) is contracted by the next layer."""
+    entry = module.entry
+    if entry is None or not inputs:
+        return frozenset()
+    local = graph.computation_ids(entry.name)
+    seeds = {local[p.name]: frozenset({(p.parameter_number, 0)}) for p in entry.parameters()
+             if p.parameter_number in inputs and p.name in local}
+    values, touched = _Propagation(graph).run(seeds, through_dots=True)
+    coding, bits = values.coding, values.bits
+    found: set[int] = set()
+    for node in touched:
+        if graph.instruction_at[node].opcode not in DOTS:
+            continue
+        roles = graph.dot_dims(node)
+        if roles is None:
+            continue
+        for side, operand in enumerate(graph.operand_ids[node][:2]):
+            operand_bits = bits[operand] if operand != NO_NODE else 0
+            if operand_bits.__class__ is not int or not operand_bits:
+                continue
+            for dim, block in coding.blocks(operand_bits):
+                if dim < len(roles.roles[side]) and roles.role(side, dim).role == "contracting":
+                    found.update(coding.numbers[index] for index in set_bits(block))
+    return frozenset(found)

@@ -28,7 +28,7 @@ from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.source import split_module_path
 from hlo_doctor.hlo.ir import HloModule, Instruction
-from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors
+from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors, contracted_inputs
 from hlo_doctor.semantics.view import ModuleView
 
 __all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names"]
@@ -96,6 +96,11 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
             # a norm scale (its dim 0 is free in the weight-gradient matmul of the layer it scales),
             # a weight applied as ``w @ x.T`` (its dim 0 is the output's free dim).
             sources -= updated
+        elif len(sources) > 1:
+            # No update tells weights from data (an eval step): the data's batch dim is never
+            # contracted, and a weight applied as ``w @ x.T`` has its dim 0 contracted by the next layer.
+            kept = sources - contracted_inputs(module, graph, frozenset(sources))
+            sources = kept or sources
         data |= sources
         # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
         state |= updated - data

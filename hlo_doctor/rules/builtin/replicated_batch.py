@@ -18,7 +18,7 @@ from hlo_doctor.program.records import record_entries, user_line
 from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
 from hlo_doctor.rules._batch import parameter_name, with_torch_source
-from hlo_doctor.rules._regroup import regrouped_batch, torch_batch_lever
+from hlo_doctor.rules._regroup import regrouped_batch, rows_repeated, torch_batch_lever
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -83,8 +83,18 @@ class ReplicatedBatch(Rule):
     activation matmuls' FLOPs repeat along an axis the input is split over,
     the finding is at that constraint (the first one the batch reaches that
     leaves the axis out), its fix the constraint's spec with the batch dim on
-    all the input's axes, and the activation traffic over the axis is folded
-    into it as symptoms.
+    all the input's axes, and the activation traffic and reshards over the
+    axis are folded into it as symptoms. Propagation may split the ops after
+    such a constraint again (a constraint that replicates the batch, the
+    labels' split coming back from the loss), while the partitioner still
+    gathers the rows for some matmul (a weight gradient over the whole
+    batch): then the repeated work is read in the partitioned module, as the
+    matmuls whose operands hold more rows of the batch per device than the
+    batch input's shard.
+
+    When the batch is split over no axis, the batch input must divide over
+    the weights' axes (6 rows on 8 devices cannot): otherwise the weights are
+    split by design (tensor parallelism), and this rule's fix could not apply.
 
     A program that shards nothing at all on several devices (the batch input
     placed whole on the mesh, every weight replicated: a data-parallel step
@@ -209,6 +219,19 @@ class ReplicatedBatch(Rule):
                                     max(regrouped, key=lambda a: a.flops), activation_flops)
             if found is not None:
                 yield found
+            return
+        if regroup_axes:
+            # Propagation may split again what a constraint regrouped: the partitioned module's
+            # matmuls then still gather the rows (a weight gradient over the whole batch).
+            per_device, repeated_flops, _, dots = rows_repeated(ctx, params)
+            if not dots or repeated_flops < self.options.min_regrouped_fraction * per_device:
+                return
+            for axis in sorted(regroup_axes, key=lambda a: (-mesh.axis_size(a), a)):
+                found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
+                                        _Axis(axis, mesh.axis_size(axis), repeated_flops, dots), per_device)
+                if found is not None:
+                    yield found
+                    return
 
     def _gathered_instead(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                           used: set[str]) -> Finding | None:
@@ -233,6 +256,10 @@ class ReplicatedBatch(Rule):
         batch_input = data[0]
         rows = batch_input.shape.dims[0]
         factor = math.prod(mesh.axis_size(a) for a in axes)
+        if rows < factor or rows % factor:
+            # The batch cannot be split over those axes (6 rows on 8 devices): the layers' weights are
+            # split by design (tensor parallelism), and the fix this finding gives could not be applied.
+            return None
         wire = sum(r.facts.wire_bytes_per_step for r in gathers)
         input_name = parameter_name(ctx, batch_input, with_shape=False)  # the message prints its shape
         axes_text = "/".join(repr(a) for a in axes)
