@@ -149,3 +149,41 @@ def test_a_weight_applied_as_w_at_x_transposed_has_its_dim_0_contracted_by_the_n
     # dim 0 to the output: this test alone cannot tell it from data.
     assert contracted_inputs(module, graph, frozenset({0, 1, 2, 3})) == {1, 2}
     assert contracted_inputs(module, graph, frozenset({0})) == frozenset()
+
+
+# Hand-written HLO (not compiler output): a projection's bias b (8 = 2 heads x 4) is added to the
+# projection of x, the heads are split off and folded in with the batch ([B, H] -> [B * H], batch
+# major) for the attention dot: b's dim reaches the fold as its minor piece.
+HEAD_FOLD = """
+HloModule head_fold
+
+ENTRY main {
+  x = f32[2,8] parameter(0)
+  w = f32[8,8] parameter(1)
+  b = f32[8] parameter(2)
+  k = f32[4,4,3] parameter(3)
+  y = f32[2,8] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  bb = f32[2,8] broadcast(b), dimensions={1}
+  q = f32[2,8] add(y, bb)
+  heads = f32[2,2,4] reshape(q)
+  folded = f32[4,4] reshape(heads)
+  xs = f32[2,2,4] reshape(x)
+  xfolded = f32[4,4] reshape(xs)
+  both = f32[4,4] add(folded, xfolded)
+  ROOT s = f32[4,3] dot(both, k), lhs_batch_dims={0}, lhs_contracting_dims={1}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+"""
+
+
+def test_up_to_the_first_dots_a_fold_keeps_its_major_pieces_pairs():
+    module = parse_module(HEAD_FOLD)
+    graph = build_graph(module)
+    entry = graph.computation_ids("main")
+    seeds = {entry["x"]: frozenset({(0, 0)}), entry["b"]: frozenset({(2, 0)})}
+    first, _ = _Propagation(graph).run(seeds, through_dots=False)
+    assert first[entry["heads"]] == {(2, 1)}        # the heads split off the bias's dim (its major piece)
+    assert first[entry["folded"]] == frozenset()    # then folded in as the minor piece: not the fold's batch
+    assert first[entry["xfolded"]] == {(0, 0)}      # x's dim 0 is the fold's major piece
+    # Followed through everything (the dots too), a fold keeps every piece's pairs.
+    every, _ = _Propagation(graph).run(seeds, through_dots=True)
+    assert every[entry["folded"]] == {(0, 0), (2, 0)}

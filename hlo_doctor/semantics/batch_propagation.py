@@ -183,6 +183,10 @@ class _Propagation:
         transfer = self.transfer
         transfer.values = values
         transfer.coding = coding
+        # Up to the first dots, a fold keeps only its major piece's pairs: a weight's output features
+        # folded in as the minor piece ([B, H] -> [B * H], the heads of a projection's bias) are not
+        # the batch of the attention dot that reads the fold.
+        transfer.major_folds = not through_dots
         intern = bitset_interner()  # bits, or a tuple of values: one object per distinct bits
 
         def compute(node: int) -> object:
@@ -224,6 +228,20 @@ def _array(value) -> int:
     return value if value.__class__ is int else _flatten(value)
 
 
+_FOLDS = frozenset({"reshape", "bitcast"})
+
+
+def _major_pieces(mapping: tuple[int, ...], dims: tuple[int, ...], carrying: set[int]) -> tuple[int, ...]:
+    """``mapping`` with each output dim that several operand dims fold into kept only for the first
+    (major) of them that has more than one element or carries pairs (a per-device batch of one row)."""
+    major: dict[int, int] = {}
+    for dim, target in enumerate(mapping):
+        if target >= 0 and (dims[dim] > 1 or dim in carrying) and target not in major:
+            major[target] = dim
+    return tuple(target if target < 0 or major.get(target, dim) == dim else -1
+                 for dim, target in enumerate(mapping))
+
+
 class _Transfer:
     """The value of one node from the values of what it reads (see the module docstring)."""
 
@@ -236,6 +254,7 @@ class _Transfer:
         self.instruction_at = graph.instruction_at
         self.ranks = graph.ranks
         self.calls_into = graph.calls_into
+        self.major_folds = False
 
     def apply(self, mapping: tuple[int, ...], source: int) -> int:
         """``source``'s pairs with dim ``d`` moved to ``mapping[d]`` (dropped where -1)."""
@@ -272,7 +291,13 @@ class _Transfer:
             if not source:
                 return _NONE
             maps = self.graph.dim_map(node)
-            return _NONE if maps is None else self.coding.move(maps[0], source)
+            if maps is None:
+                return _NONE
+            mapping = maps[0]
+            if self.major_folds and opcode in _FOLDS:
+                carrying = {dim for dim, _ in self.coding.blocks(source)}
+                mapping = _major_pieces(mapping, self.instruction_at[sources[0]].shape.dims, carrying)
+            return self.coding.move(mapping, source)
         if opcode in _SOURCES:
             return _NONE
         if opcode == "parameter":
