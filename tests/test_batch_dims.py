@@ -187,3 +187,37 @@ def test_up_to_the_first_dots_a_fold_keeps_its_major_pieces_pairs():
     # Followed through everything (the dots too), a fold keeps every piece's pairs.
     every, _ = _Propagation(graph).run(seeds, through_dots=True)
     assert every[entry["folded"]] == {(0, 0), (2, 0)}
+
+
+# Hand-written HLO (not compiler output), in the form torch_xla lowers ``F.layer_norm`` to: the tokens
+# folded into [1, B * S, D] (the batch and the sequence merged, a unit dim in front), then a batch norm
+# whose feature dim (1) is the tokens.
+LAYER_NORM_AS_BATCH_NORM = """
+HloModule layer_norm_as_batch_norm
+
+ENTRY main {
+  x = f32[4,8,16] parameter(0)
+  one = f32[32] parameter(1)
+  zero = f32[32] parameter(2)
+  folded = f32[1,32,16] reshape(x)
+  bn = (f32[1,32,16], f32[32], f32[32]) batch-norm-training(folded, one, zero), epsilon=1e-05, feature_index=1
+  normalized = f32[1,32,16] get-tuple-element(bn), index=0
+  mean = f32[32] get-tuple-element(bn), index=1
+  back = f32[4,8,16] reshape(normalized)
+  grads = (f32[1,32,16], f32[32], f32[32]) batch-norm-grad(folded, one, mean, mean, normalized), epsilon=1e-05, feature_index=1
+  grad = f32[1,32,16] get-tuple-element(grads), index=0
+  ROOT r = (f32[4,8,16], f32[32], f32[1,32,16]) tuple(back, mean, grad)
+}
+"""
+
+
+def test_a_layer_norm_lowered_as_a_batch_norm_of_the_folded_tokens_keeps_the_batch():
+    module = parse_module(LAYER_NORM_AS_BATCH_NORM)
+    graph = build_graph(module)
+    entry = graph.computation_ids("main")
+    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    assert values[entry["folded"]] == {(0, 1)}       # [4, 8] -> [1, 32]: merged, beside a unit dim
+    assert values[entry["normalized"]] == {(0, 1)}
+    assert values[entry["mean"]] == {(0, 0)}         # per feature: per token, the batch not reduced
+    assert values[entry["back"]] == {(0, 0)}         # split back: the major piece
+    assert values[entry["grad"]] == {(0, 1)}

@@ -6,7 +6,8 @@ one mapped operand have one map: ``transpose`` (by the permutation), ``broadcast
 ``dimensions``), ``reduce`` (the kept dims), ``reshape`` and ``bitcast`` (a dim kept, merged
 into one output dim, or split: then into its major piece, where a program's own fold put it; next
 to an all-to-all, and for a bitcast, into its largest piece, which is how the partitioner's
-all-to-all reshards read; a bitcast on the physical, major-to-minor dims). A dot or convolution
+all-to-all reshards read; a bitcast on the physical, major-to-minor dims; unit dims inserted or
+dropped beside a fold, ``[B, S] -> [1, B * S]``, do not make it a regroup). A dot or convolution
 has one per operand: free and batch dims map to the output, contracting dims end.
 
 :class:`DimMaps` keeps one graph's maps, each made once: every propagation over the graph
@@ -159,8 +160,10 @@ def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]
     reshape that splits a dim it folded (``[B * S] -> [B, S]``, ``[B * H] -> [B, H]``) gives the
     batch back to the major dim, where the fold put it."""
     out: set = set()
-    for before_dims, after_dims in _reshape_groups(before, after):
-        if len(before_dims) > 1 and len(after_dims) > 1:
+    for before_dims, group in _reshape_groups(before, after):
+        # unit dims inserted or dropped beside a fold ([B, S] -> [1, B * S]) do not regroup it
+        after_dims = [e for e in group if after[e] > 1] or group
+        if sum(1 for d in before_dims if before[d] > 1) > 1 and len(after_dims) > 1:
             continue  # dims regrouped: no dim survives
         if len(after_dims) == 1:
             target = after_dims[0]  # kept, or merged into one dim that now holds the batch

@@ -24,8 +24,13 @@ the physical, major-to-minor dims; a dim kept, merged
 into one output dim, or split: then into its largest piece, which is how the
 partitioner's all-to-all reshards read), ``reduce`` (kept dims), dots
 and convolutions (free and batch dims map to the output, contracting dims
-end), ``gather`` (index dims to the output's batch dims), tuples, fusions,
-calls, while loops (to a fixpoint) and async pairs.
+end), ``gather`` (index dims to the output's batch dims), batch norms (the
+values keep their dims; the per-feature results the ``feature_index`` dim,
+the tokens where torch_xla lowers a layer norm over ``[1, B * S, D]``),
+tuples, fusions, calls, while loops (to a fixpoint) and async pairs. Up to
+the first dots (finding the batch inputs), a fold keeps only its major
+piece's pairs: a bias's dim that becomes heads folded in with the batch
+(``[B, H] -> [B * H]``) is not the attention dot's batch.
 """
 
 from __future__ import annotations

@@ -229,6 +229,7 @@ def _array(value) -> int:
 
 
 _FOLDS = frozenset({"reshape", "bitcast"})
+_BATCH_NORMS = frozenset({"batch-norm-training", "batch-norm-grad"})
 
 
 def _major_pieces(mapping: tuple[int, ...], dims: tuple[int, ...], carrying: set[int]) -> tuple[int, ...]:
@@ -317,6 +318,8 @@ class _Transfer:
             for s in sources:
                 value |= _array(values[s])
             return value if not shape.is_tuple else tuple(value for _ in shape.tuple_shapes)
+        if opcode in _BATCH_NORMS and shape.is_tuple:
+            return self.batch_norm(instruction, sources)
         if shape.is_tuple:
             # Variadic ops (reduce, sort, all-gather of several operands ...): element i from operand i.
             elements = []
@@ -334,6 +337,19 @@ class _Transfer:
             return self.coding.keep(source, shape.rank)
         # Any other op: the operands of the same rank keep their positions.
         return self.same_rank(sources, shape.rank)
+
+    def batch_norm(self, instruction: Instruction, sources: tuple[int, ...]) -> tuple:
+        """(normalized or its gradient, per-feature, per-feature): the values keep the operand's dims (a
+        gradient's those of the output gradient too); the per-feature ones its ``feature_index`` dim,
+        which holds the tokens where torch_xla lowers a layer norm as a batch norm of ``[1, tokens, D]``."""
+        value = _array(self.values[sources[0]]) if sources else _NONE
+        if instruction.opcode == "batch-norm-grad" and len(sources) > 4:
+            value |= _array(self.values[sources[4]])
+        rank = self.ranks[sources[0]] if sources else 0
+        feature_text = instruction.attribute("feature_index")
+        feature = int(feature_text) if feature_text and feature_text.isdigit() else -1
+        per_feature = self.coding.move(tuple(0 if d == feature else -1 for d in range(max(rank, 0))), value)
+        return (value, per_feature, per_feature)
 
     def same_rank(self, sources: tuple[int, ...], rank: int) -> int:
         """The pairs of the array operands of rank ``rank``, whose dims keep their positions."""
