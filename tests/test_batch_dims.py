@@ -153,7 +153,7 @@ def test_a_weight_applied_as_w_at_x_transposed_has_its_dim_0_contracted_by_the_n
 
 # Hand-written HLO (not compiler output): a projection's bias b (8 = 2 heads x 4) is added to the
 # projection of x, the heads are split off and folded in with the batch ([B, H] -> [B * H], batch
-# major) for the attention dot: b's dim reaches the fold as its minor piece.
+# major) for the attention dot; t's dim 0 reaches a fold as its minor piece (transposed first).
 HEAD_FOLD = """
 HloModule head_fold
 
@@ -162,6 +162,7 @@ ENTRY main {
   w = f32[8,8] parameter(1)
   b = f32[8] parameter(2)
   k = f32[4,4,3] parameter(3)
+  t = f32[2,4] parameter(4)
   y = f32[2,8] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   bb = f32[2,8] broadcast(b), dimensions={1}
   q = f32[2,8] add(y, bb)
@@ -169,24 +170,30 @@ ENTRY main {
   folded = f32[4,4] reshape(heads)
   xs = f32[2,2,4] reshape(x)
   xfolded = f32[4,4] reshape(xs)
+  tt = f32[4,2] transpose(t), dimensions={1,0}
+  tfolded = f32[8] reshape(tt)
+  tr = f32[4,2] reshape(tfolded)
   both = f32[4,4] add(folded, xfolded)
-  ROOT s = f32[4,3] dot(both, k), lhs_batch_dims={0}, lhs_contracting_dims={1}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+  s0 = f32[4,3] dot(both, k), lhs_batch_dims={0}, lhs_contracting_dims={1}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+  ROOT s = (f32[4,3], f32[4,2]) tuple(s0, tr)
 }
 """
 
 
-def test_up_to_the_first_dots_a_fold_keeps_its_major_pieces_pairs():
+def test_up_to_the_first_dots_a_fold_keeps_its_major_pieces_pairs_and_a_bias_none():
     module = parse_module(HEAD_FOLD)
     graph = build_graph(module)
     entry = graph.computation_ids("main")
-    seeds = {entry["x"]: frozenset({(0, 0)}), entry["b"]: frozenset({(2, 0)})}
+    seeds = {entry["x"]: frozenset({(0, 0)}), entry["b"]: frozenset({(2, 0)}), entry["t"]: frozenset({(4, 0)})}
     first, _ = _Propagation(graph).run(seeds, through_dots=False)
-    assert first[entry["heads"]] == {(2, 1)}        # the heads split off the bias's dim (its major piece)
-    assert first[entry["folded"]] == frozenset()    # then folded in as the minor piece: not the fold's batch
+    assert first[entry["bb"]] == frozenset()        # a vector broadcast along the rows: per feature
     assert first[entry["xfolded"]] == {(0, 0)}      # x's dim 0 is the fold's major piece
-    # Followed through everything (the dots too), a fold keeps every piece's pairs.
+    assert first[entry["tt"]] == {(4, 1)}
+    assert first[entry["tfolded"]] == frozenset()   # t's dim folded in as the minor piece
+    # Followed through everything (the dots too), a bias's dim goes on and a fold keeps every piece's pairs.
     every, _ = _Propagation(graph).run(seeds, through_dots=True)
     assert every[entry["folded"]] == {(0, 0), (2, 0)}
+    assert every[entry["tfolded"]] == {(4, 0)}
 
 
 # Hand-written HLO (not compiler output), in the form torch_xla lowers ``F.layer_norm`` to: the tokens
@@ -221,3 +228,39 @@ def test_a_layer_norm_lowered_as_a_batch_norm_of_the_folded_tokens_keeps_the_bat
     assert values[entry["mean"]] == {(0, 0)}         # per feature: per token, the batch not reduced
     assert values[entry["back"]] == {(0, 0)}         # split back: the major piece
     assert values[entry["grad"]] == {(0, 1)}
+
+
+# Hand-written HLO (not compiler output): an eval loss weighed per token by a float mask m, beside a
+# [1, S] position row p added to the tokens' features; w is a weight.
+MASKED_EVAL = """
+HloModule masked_eval
+
+ENTRY main {
+  x = f32[4,8] parameter(0)
+  m = f32[4,8] parameter(1)
+  p = f32[1,8] parameter(2)
+  w = f32[8,8] parameter(3)
+  pr = f32[8] reshape(p)
+  pb = f32[4,8] broadcast(pr), dimensions={1}
+  xp = f32[4,8] add(x, pb)
+  y = f32[4,8] dot(xp, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  weighed = f32[4,8] multiply(y, m)
+  zero = f32[] constant(0)
+  ROOT loss = f32[] reduce(weighed, zero), dimensions={0,1}, to_apply=add
+}
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+"""
+
+
+def test_an_input_that_meets_the_batch_on_its_own_dim_0_is_data():
+    from hlo_doctor.semantics.batch_dims import meets_batch
+
+    module = parse_module(MASKED_EVAL)
+    graph = build_graph(module)
+    # the mask meets the batch (through the dot) on dim 0; p's one row and w's rows never do
+    assert meets_batch(module, graph, frozenset({0}), frozenset({1, 2, 3})) == {1}

@@ -29,8 +29,9 @@ values keep their dims; the per-feature results the ``feature_index`` dim,
 the tokens where torch_xla lowers a layer norm over ``[1, B * S, D]``),
 tuples, fusions, calls, while loops (to a fixpoint) and async pairs. Up to
 the first dots (finding the batch inputs), a fold keeps only its major
-piece's pairs: a bias's dim that becomes heads folded in with the batch
-(``[B, H] -> [B * H]``) is not the attention dot's batch.
+piece's pairs and a vector broadcast along the rows keeps none: a bias's
+dim that becomes heads folded in with the batch (``[B, H] -> [B * H]``) is
+not the attention dot's batch.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _Propagatio
 )
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "parameter_sharding"]
+__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "meets_batch", "parameter_sharding"]
 
 _DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
@@ -308,4 +309,47 @@ def contracted_inputs(module: HloModule, graph: DataflowGraph, inputs: frozenset
             for dim, block in coding.blocks(operand_bits):
                 if dim < len(roles.roles[side]) and roles.role(side, dim).role == "contracting":
                     found.update(coding.numbers[index] for index in set_bits(block))
+    return frozenset(found)
+
+
+# Elementwise ops whose operands line up dim by dim: where an input meets the batch on its own dim.
+_MEETING = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "select", "compare", "and",
+                      "or", "xor", "atan2", "power", "remainder", "clamp"})
+
+
+def meets_batch(module: HloModule, graph: DataflowGraph, data: frozenset[int],
+                candidates: frozenset[int]) -> frozenset[int]:
+    """The entry parameters in ``candidates`` whose dim 0, followed through every op, meets the dim 0
+    of a parameter in ``data`` on the same dim of an elementwise op, with the same extent (a float
+    mask multiplying the per-token loss; a ``[1, S, D]`` position table added to ``[B, S, D]`` does not:
+    its dim 0 is one row)."""
+    entry = module.entry
+    if entry is None or not data or not candidates:
+        return frozenset()
+    local = graph.computation_ids(entry.name)
+    sizes = {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
+             if p.parameter_number in data | candidates and not p.shape.is_tuple and p.shape.rank >= 1}
+    seeds = {local[p.name]: frozenset({(p.parameter_number, 0)}) for p in entry.parameters()
+             if p.parameter_number in sizes and p.name in local}
+    values, touched = _Propagation(graph).run(seeds, through_dots=True)
+    coding, bits = values.coding, values.bits
+    data_mask, candidate_mask = coding.mask(data), coding.mask(candidates)
+    batch_sizes = {sizes[n] for n in data if n in sizes}
+    found: set[int] = set()
+    for node in touched:
+        if graph.instruction_at[node].opcode not in _MEETING:
+            continue
+        sides = [bits[o] for o in graph.operand_ids[node] if o != NO_NODE]
+        sides = [b for b in sides if b.__class__ is int and b]
+        if len(sides) < 2:
+            continue
+        with_data = {dim for side in sides for dim, block in coding.blocks(side) if block & data_mask}
+        for side in sides:
+            for dim, block in coding.blocks(side):
+                if dim not in with_data or not block & candidate_mask or block & data_mask:
+                    continue
+                for index in set_bits(block & candidate_mask):
+                    number = coding.numbers[index]
+                    if sizes.get(number) in batch_sizes:
+                        found.add(number)
     return frozenset(found)

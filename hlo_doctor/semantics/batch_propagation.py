@@ -183,10 +183,11 @@ class _Propagation:
         transfer = self.transfer
         transfer.values = values
         transfer.coding = coding
-        # Up to the first dots, a fold keeps only its major piece's pairs: a weight's output features
-        # folded in as the minor piece ([B, H] -> [B * H], the heads of a projection's bias) are not
-        # the batch of the attention dot that reads the fold.
-        transfer.major_folds = not through_dots
+        # Up to the first dots (finding the batch inputs), a fold keeps only its major piece's pairs,
+        # and a vector broadcast along the rows none: a weight's output features folded in as the minor
+        # piece ([B, H] -> [B * H], the heads of a projection's bias) are not the batch of the attention
+        # dot that reads the fold, whatever the rows per device.
+        transfer.first_pass = not through_dots
         intern = bitset_interner()  # bits, or a tuple of values: one object per distinct bits
 
         def compute(node: int) -> object:
@@ -255,7 +256,7 @@ class _Transfer:
         self.instruction_at = graph.instruction_at
         self.ranks = graph.ranks
         self.calls_into = graph.calls_into
-        self.major_folds = False
+        self.first_pass = False
 
     def apply(self, mapping: tuple[int, ...], source: int) -> int:
         """``source``'s pairs with dim ``d`` moved to ``mapping[d]`` (dropped where -1)."""
@@ -295,9 +296,11 @@ class _Transfer:
             if maps is None:
                 return _NONE
             mapping = maps[0]
-            if self.major_folds and opcode in _FOLDS:
+            if self.first_pass and opcode in _FOLDS:
                 carrying = {dim for dim, _ in self.coding.blocks(source)}
                 mapping = _major_pieces(mapping, self.instruction_at[sources[0]].shape.dims, carrying)
+            elif self.first_pass and opcode == "broadcast" and len(mapping) == 1 and mapping[0] > 0:
+                return _NONE  # a vector broadcast along the rows (a bias, a scale): per feature, not a batch
             return self.coding.move(mapping, source)
         if opcode in _SOURCES:
             return _NONE

@@ -28,7 +28,7 @@ from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.source import split_module_path
 from hlo_doctor.hlo.ir import HloModule, Instruction
-from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors, contracted_inputs
+from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors, contracted_inputs, meets_batch
 from hlo_doctor.semantics.view import ModuleView
 
 __all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names"]
@@ -107,6 +107,10 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
         if state:
             # A training step: what it does not update is its input (float targets, masks, features).
             data |= _numbers(arrays) - state
+        elif data:
+            # An eval step: an input that meets the batch elementwise on its own dim 0 is data too
+            # (a float mask that weighs the loss per token; it reaches no matmul).
+            data |= meets_batch(module, graph, frozenset(data), frozenset(_numbers(arrays)) - data)
     if view.framework == "torch_xla":
         sharded = view.sharded
         global_params = sharded.entry.parameters() if sharded is not None and sharded.entry is not None else params

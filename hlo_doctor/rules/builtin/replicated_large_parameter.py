@@ -22,7 +22,9 @@ from hlo_doctor.units import format_bytes
 @dataclass(frozen=True, slots=True)
 class ReplicatedLargeParameterOptions:
     min_bytes: int = 1024 * 1024
-    """Only parameters of at least this many bytes (the whole value) are judged."""
+    """Only parameters of at least this many bytes (the whole value) are judged..."""
+    min_share_of_median: float = 0.5
+    """...or, in a small model, matrices of at least this share of the median sharded matrix (0: off)."""
 
 
 class ReplicatedLargeParameter(Rule):
@@ -30,9 +32,10 @@ class ReplicatedLargeParameter(Rule):
 
     **What it finds**
 
-    An entry parameter of at least ``min_bytes`` whose sharding after
+    An entry parameter of at least ``min_bytes`` (or, in a small model, a
+    matrix at least half the median sharded matrix) whose sharding after
     propagation is replicated on every device, in a module where at least
-    one other *weight* of at least ``min_bytes`` is sharded (so the program
+    one other *weight* that large is sharded (so the program
     does shard its weights, FSDP-style, and this one was missed). Weights are
     compared with weights only: which parameters are weights and which are
     data (the batch input, tokens, labels) or scalars is decided by the
@@ -80,7 +83,10 @@ class ReplicatedLargeParameter(Rule):
 
     * ``min_bytes`` (int, default 1048576): only parameters at least this
       big are flagged, and only sharded parameters at least this big count
-      as comparable.
+      as comparable;
+    * ``min_share_of_median`` (float, default 0.5): in a model whose weights
+      are small, a matrix (rank >= 2) at least this share of the median
+      sharded matrix is judged too, and counts as comparable (0: off).
     """
 
     id = "replicated-large-parameter"
@@ -117,8 +123,6 @@ class ReplicatedLargeParameter(Rule):
             shape = shapes[number]
             if sharding is None or shape.is_tuple or sharding.is_tuple or shape.rank == 0:
                 continue
-            if shape.byte_size < self.options.min_bytes:
-                continue
             try:
                 lay = layout(sharding, shape, n)
             except ValueError:
@@ -127,6 +131,9 @@ class ReplicatedLargeParameter(Rule):
                 replicated.append(param)
             elif lay.num_shards > 1 and not lay.is_manual:
                 sharded.append((param, lay.tiles_per_dim))
+        large = self._large(shapes, [param for param, _ in sharded])
+        replicated = [param for param in replicated if large(param)]
+        sharded = [(param, tiles) for param, tiles in sharded if large(param)]
         if replicated and sharded and classes is not None:
             # optimizer state sharded while its weights are replicated is ZeRO-1, a layout of its
             # own: the state is no comparable weight (replicated-optimizer-state judges the state)
@@ -137,6 +144,20 @@ class ReplicatedLargeParameter(Rule):
         shard_count, axes = _weight_axes(ctx, sharded)
         for param in replicated:
             yield self._finding(ctx, module, param, sharded, shard_count, axes)
+
+    def _large(self, shapes, sharded: list[Instruction]):
+        """Whether a parameter is large enough to judge: ``min_bytes``, or a matrix of at least
+        ``min_share_of_median`` of the median sharded matrix (a small model's weights are all small)."""
+        matrices = sorted(shapes[p.parameter_number].byte_size for p in sharded if shapes[p.parameter_number].rank >= 2)
+        share = self.options.min_share_of_median
+        floor = min(self.options.min_bytes, share * matrices[len(matrices) // 2]) if matrices and share > 0 else None
+
+        def large(param: Instruction) -> bool:
+            shape = shapes[param.parameter_number]
+            return shape.byte_size >= self.options.min_bytes or (
+                floor is not None and shape.rank >= 2 and shape.byte_size >= floor)
+
+        return large
 
     def _finding(self, ctx, module: HloModule, param, sharded, shard_count, axes) -> Finding:
         shape = ctx.global_parameter_shapes[param.parameter_number]
