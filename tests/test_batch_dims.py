@@ -153,7 +153,8 @@ def test_a_weight_applied_as_w_at_x_transposed_has_its_dim_0_contracted_by_the_n
 
 # Hand-written HLO (not compiler output): a projection's bias b (8 = 2 heads x 4) is added to the
 # projection of x, the heads are split off and folded in with the batch ([B, H] -> [B * H], batch
-# major) for the attention dot; t's dim 0 reaches a fold as its minor piece (transposed first).
+# major) for the attention dot; t's dim 0 reaches a fold as its minor piece (transposed first, as
+# the partitioner's all-to-all reshards do).
 HEAD_FOLD = """
 HloModule head_fold
 
@@ -180,7 +181,7 @@ ENTRY main {
 """
 
 
-def test_up_to_the_first_dots_a_fold_keeps_its_major_pieces_pairs_and_a_bias_none():
+def test_up_to_the_first_dots_a_bias_broadcast_along_the_rows_carries_no_batch():
     module = parse_module(HEAD_FOLD)
     graph = build_graph(module)
     entry = graph.computation_ids("main")
@@ -188,8 +189,8 @@ def test_up_to_the_first_dots_a_fold_keeps_its_major_pieces_pairs_and_a_bias_non
     first, _ = _Propagation(graph).run(seeds, through_dots=False)
     assert first[entry["bb"]] == frozenset()        # a vector broadcast along the rows: per feature
     assert first[entry["xfolded"]] == {(0, 0)}      # x's dim 0 is the fold's major piece
-    assert first[entry["tt"]] == {(4, 1)}
-    assert first[entry["tfolded"]] == frozenset()   # t's dim folded in as the minor piece
+    assert first[entry["folded"]] == frozenset()    # so the heads folded in with the batch carry none
+    assert first[entry["tfolded"]] == {(4, 0)}      # a fold keeps its minor piece's pairs (a reshard's fold)
     # Followed through everything (the dots too), a bias's dim goes on and a fold keeps every piece's pairs.
     every, _ = _Propagation(graph).run(seeds, through_dots=True)
     assert every[entry["folded"]] == {(0, 0), (2, 0)}

@@ -28,10 +28,9 @@ end), ``gather`` (index dims to the output's batch dims), batch norms (the
 values keep their dims; the per-feature results the ``feature_index`` dim,
 the tokens where torch_xla lowers a layer norm over ``[1, B * S, D]``),
 tuples, fusions, calls, while loops (to a fixpoint) and async pairs. Up to
-the first dots (finding the batch inputs), a fold keeps only its major
-piece's pairs and a vector broadcast along the rows keeps none: a bias's
-dim that becomes heads folded in with the batch (``[B, H] -> [B * H]``) is
-not the attention dot's batch.
+the first dots (finding the batch inputs), a vector broadcast along the
+rows carries no pairs: a bias's dim that becomes heads folded in with the
+batch (``[B, H] -> [B * H]``) is not the attention dot's batch.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _Propagatio
 )
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "meets_batch", "parameter_sharding"]
+__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "gathered_weight_dim", "meets_batch", "parameter_sharding"]
 
 _DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
@@ -353,3 +352,31 @@ def meets_batch(module: HloModule, graph: DataflowGraph, data: frozenset[int],
                     if sizes.get(number) in batch_sizes:
                         found.add(number)
     return frozenset(found)
+
+
+def gathered_weight_dim(module: HloModule, graph: DataflowGraph, weights: frozenset[int],
+                        gathers: list[NodeKey]) -> dict[NodeKey, bool]:
+    """For each all-gather (by key), whether the dim it gathers carries a dim of a weight in
+    ``weights``, followed through every op (a dot's output features come from its weight operand's
+    free dim): a layer's output put back together on its feature dim, not rows or a sequence."""
+    entry = module.entry
+    if entry is None or not weights or not gathers:
+        return {}
+    local = graph.computation_ids(entry.name)
+    seeds = {local[p.name]: frozenset((p.parameter_number, d) for d in range(p.shape.rank))
+             for p in entry.parameters()
+             if p.parameter_number in weights and not p.shape.is_tuple and p.shape.rank >= 1 and p.name in local}
+    values, _ = _Propagation(graph).run(seeds, through_dots=True)
+    found: dict[NodeKey, bool] = {}
+    for key in gathers:
+        node = graph.id_of(key)
+        instruction = graph.instruction_at[node] if node is not None else None
+        operands = graph.operand_ids[node] if node is not None else ()
+        dims = instruction.dimensions if instruction is not None else None
+        if not operands or operands[0] == NO_NODE or not dims:
+            found[key] = False
+            continue
+        bits = values.bits[operands[0]]
+        carried = {dim for dim, _ in values.coding.blocks(bits)} if bits.__class__ is int else set()
+        found[key] = dims[0] in carried
+    return found

@@ -183,10 +183,9 @@ class _Propagation:
         transfer = self.transfer
         transfer.values = values
         transfer.coding = coding
-        # Up to the first dots (finding the batch inputs), a fold keeps only its major piece's pairs,
-        # and a vector broadcast along the rows none: a weight's output features folded in as the minor
-        # piece ([B, H] -> [B * H], the heads of a projection's bias) are not the batch of the attention
-        # dot that reads the fold, whatever the rows per device.
+        # Up to the first dots (finding the batch inputs), a vector broadcast along the rows carries no
+        # pairs: a projection's bias, whose dim becomes heads folded in with the batch ([B, H] -> [B * H]),
+        # is not the batch of the attention dot that reads the fold.
         transfer.first_pass = not through_dots
         intern = bitset_interner()  # bits, or a tuple of values: one object per distinct bits
 
@@ -229,19 +228,7 @@ def _array(value) -> int:
     return value if value.__class__ is int else _flatten(value)
 
 
-_FOLDS = frozenset({"reshape", "bitcast"})
 _BATCH_NORMS = frozenset({"batch-norm-training", "batch-norm-grad"})
-
-
-def _major_pieces(mapping: tuple[int, ...], dims: tuple[int, ...], carrying: set[int]) -> tuple[int, ...]:
-    """``mapping`` with each output dim that several operand dims fold into kept only for the first
-    (major) of them that has more than one element or carries pairs (a per-device batch of one row)."""
-    major: dict[int, int] = {}
-    for dim, target in enumerate(mapping):
-        if target >= 0 and (dims[dim] > 1 or dim in carrying) and target not in major:
-            major[target] = dim
-    return tuple(target if target < 0 or major.get(target, dim) == dim else -1
-                 for dim, target in enumerate(mapping))
 
 
 class _Transfer:
@@ -296,10 +283,7 @@ class _Transfer:
             if maps is None:
                 return _NONE
             mapping = maps[0]
-            if self.first_pass and opcode in _FOLDS:
-                carrying = {dim for dim, _ in self.coding.blocks(source)}
-                mapping = _major_pieces(mapping, self.instruction_at[sources[0]].shape.dims, carrying)
-            elif self.first_pass and opcode == "broadcast" and len(mapping) == 1 and mapping[0] > 0:
+            if self.first_pass and opcode == "broadcast" and len(mapping) == 1 and mapping[0] > 0:
                 return _NONE  # a vector broadcast along the rows (a bias, a scale): per feature, not a batch
             return self.coding.move(mapping, source)
         if opcode in _SOURCES:

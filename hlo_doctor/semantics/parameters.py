@@ -96,11 +96,15 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
             # a norm scale (its dim 0 is free in the weight-gradient matmul of the layer it scales),
             # a weight applied as ``w @ x.T`` (its dim 0 is the output's free dim).
             sources -= updated
-        elif len(sources) > 1:
+        elif sources:
             # No update tells weights from data (an eval step): the data's batch dim is never
             # contracted, and a weight applied as ``w @ x.T`` has its dim 0 contracted by the next layer.
-            kept = sources - contracted_inputs(module, graph, frozenset(sources))
-            sources = kept or sources
+            # A contracted source is a weight when other data (tokens, or another source) carries a
+            # batch that no dot contracts.
+            contracted = contracted_inputs(module, graph, frozenset(sources | data))
+            kept = sources - contracted
+            if kept or data - contracted:
+                sources = kept
         data |= sources
         # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
         state |= updated - data

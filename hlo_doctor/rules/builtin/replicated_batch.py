@@ -22,6 +22,7 @@ from hlo_doctor.rules._regroup import regrouped_batch, rows_repeated, torch_batc
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES
+from hlo_doctor.semantics.batch_dims import gathered_weight_dim
 from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.semantics.parameters import EntryParameters
@@ -238,7 +239,14 @@ class ReplicatedBatch(Rule):
         """The batch split over no axis while the weights are: the layers' outputs are feature-sharded
         and gathered back every layer (the first strategy of pytorch/xla#6778)."""
         gathers = [r for r in ctx.semantics.roles if r.role == "activation-gather" and r.facts.op.mesh_axes]
-        if not gathers:
+        graph = ctx.semantics.view.graph
+        if not gathers or graph is None:
+            return None
+        # some gather must put a layer's output back together on its feature dim (a dim of a weight): rows
+        # or a sequence gathered are not the feature split this finding is about (they are its symptoms)
+        on_features = gathered_weight_dim(module, graph, params.weights,
+                                          [(r.facts.computation, r.facts.instruction) for r in gathers])
+        if not any(on_features.values()):
             return None
         entry = module.entry
         weight_axes: set[str] = set()
