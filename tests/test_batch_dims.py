@@ -265,3 +265,29 @@ def test_an_input_that_meets_the_batch_on_its_own_dim_0_is_data():
     graph = build_graph(module)
     # the mask meets the batch (through the dot) on dim 0; p's one row and w's rows never do
     assert meets_batch(module, graph, frozenset({0}), frozenset({1, 2, 3})) == {1}
+
+
+# Hand-written HLO (not compiler output), in the form of the partitioner's reshard of a batch-split
+# activation to a feature split: the batch [8] cut into [4 devices, 2 rows], the devices' dim
+# exchanged by an all-to-all, then the rows moved to the front and the devices' dim folded into
+# the features.
+RESHARD_TO_FEATURES = """
+HloModule reshard_to_features
+
+ENTRY main {
+  x = f32[8,6] parameter(0)
+  cut = f32[4,2,6] reshape(x)
+  moved = f32[4,2,6] all-to-all(cut), dimensions={0}, replica_groups={{0,1,2,3}}
+  rows = f32[2,4,6] transpose(moved), dimensions={1,0,2}
+  ROOT features = f32[2,24] reshape(rows)
+}
+"""
+
+
+def test_a_reshard_all_to_all_leaves_the_batch_with_the_rows_this_device_keeps():
+    module = parse_module(RESHARD_TO_FEATURES)
+    graph = build_graph(module)
+    entry = graph.computation_ids("main")
+    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    assert values[entry["cut"]] == {(0, 1)}        # not the larger piece: the one the all-to-all exchanges
+    assert values[entry["features"]] == {(0, 0)}   # the rows stay the batch; the features are not

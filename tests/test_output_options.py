@@ -69,6 +69,8 @@ def test_ctrl_c_exits_130():
     # A real SIGINT, sent to the CLI's own process in the middle of the analysis.
     script = (
         "import os, signal, time, hlo_doctor.cli.common as c\n"
+        # a shell's background job inherits SIGINT ignored; a user's terminal delivers it
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "def slow(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(5)\n"

@@ -106,11 +106,17 @@ def _node_map(graph: DataflowGraph, node: int, maps: DimMaps) -> DimMap | None:
     return _cached_map(key)
 
 
-def _next_to_all_to_all(graph: DataflowGraph, node: int, source: int) -> bool:
-    """Whether a reshape feeds or reads an all-to-all: the partitioner's reshard cuts a dim into
-    [pieces, rest] around one, and the batch then stays with the larger part."""
+def _next_to_all_to_all(graph: DataflowGraph, node: int, source: int) -> tuple[str, int | None] | None:
+    """Whether a reshape feeds or reads an all-to-all (``("all-to-all", dim)``, else None): the
+    partitioner's reshard cuts a dim into [devices, rows] around one, and the batch then stays with
+    the larger part; for a reshape that feeds an array all-to-all, ``dim`` is the dim it exchanges:
+    after the exchange that dim indexes the devices, so the batch stays with the rows this device keeps."""
     at = graph.instruction_at
-    return at[source].opcode == "all-to-all" or any(at[u].opcode == "all-to-all" for u in graph.user_ids[node])
+    for user in graph.user_ids[node]:
+        if at[user].opcode == "all-to-all":
+            dims = at[user].dimensions if not at[user].shape.is_tuple else None
+            return ("all-to-all", dims[0] if dims else None)
+    return ("all-to-all", None) if at[source].opcode == "all-to-all" else None
 
 
 @lru_cache(maxsize=8192)
@@ -145,18 +151,21 @@ def _dim_map(key: tuple) -> DimMap:
         moved = [_bitcast(frozenset({(0, d)}), before, after) for d in range(before.rank)]
     else:
         _, before_dims, after_dims, *context = key
-        largest = bool(context and context[0])
-        moved = [reshape_pairs(frozenset({(0, d)}), before_dims, after_dims, split_to_largest=largest)
+        around = context[0] if context else None
+        moved = [reshape_pairs(frozenset({(0, d)}), before_dims, after_dims, split_to_largest=around is not None,
+                               exchanged=around[1] if around is not None else None)
                  for d in range(len(before_dims))]
     return (tuple(next(iter(out))[1] if out else -1 for out in moved),)
 
 
 def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...], *,
-                  split_to_largest: bool = True) -> Pairs:
+                  split_to_largest: bool = True, exchanged: int | None = None) -> Pairs:
     """``source``'s (anything, dim) pairs with each dim moved through a reshape ``before`` -> ``after``.
 
     A dim split into pieces goes to its largest piece with ``split_to_largest`` (the partitioner's
-    all-to-all reshards cut ``[k * b]`` into ``[k, b]``), else to its major piece: a program's own
+    all-to-all reshards cut ``[k * b]`` into ``[k, b]``), leaving out the ``exchanged`` piece (the dim
+    an all-to-all that follows exchanges: after it, that dim indexes devices, and the rows this
+    device keeps are the other piece), else to its major piece: a program's own
     reshape that splits a dim it folded (``[B * S] -> [B, S]``, ``[B * H] -> [B, H]``) gives the
     batch back to the major dim, where the fold put it."""
     out: set = set()
@@ -168,7 +177,9 @@ def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]
         if len(after_dims) == 1:
             target = after_dims[0]  # kept, or merged into one dim that now holds the batch
         elif split_to_largest:
-            target = max(after_dims, key=lambda e: (after[e], -e))
+            # an all-to-all that follows exchanges the ``exchanged`` piece: it then indexes devices
+            pieces = [e for e in after_dims if e != exchanged] or after_dims
+            target = max(pieces, key=lambda e: (after[e], -e))
         else:
             target = next((e for e in after_dims if after[e] > 1), after_dims[0])
         out.update((p, target) for p, d in source if d in before_dims)

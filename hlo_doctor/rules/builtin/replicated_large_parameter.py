@@ -18,13 +18,16 @@ from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggesti
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.units import format_bytes
 
+_LARGE = 1024 * 1024  # bytes: a parameter this big is judged whatever the model
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicatedLargeParameterOptions:
-    min_bytes: int = 1024 * 1024
-    """Only parameters of at least this many bytes (the whole value) are judged..."""
+    min_bytes: int = 64 * 1024
+    """No parameter smaller than this many bytes (the whole value) is judged."""
     min_share_of_median: float = 0.5
-    """...or, in a small model, matrices of at least this share of the median sharded matrix (0: off)."""
+    """A parameter under 1 MiB is judged only when it is a matrix of at least this share of the median
+    sharded matrix (a small model's weights); 0: never."""
 
 
 class ReplicatedLargeParameter(Rule):
@@ -32,8 +35,8 @@ class ReplicatedLargeParameter(Rule):
 
     **What it finds**
 
-    An entry parameter of at least ``min_bytes`` (or, in a small model, a
-    matrix at least half the median sharded matrix) whose sharding after
+    An entry parameter of at least 1 MiB (or, in a small model, a matrix at
+    least half the median sharded matrix) whose sharding after
     propagation is replicated on every device, in a module where at least
     one other *weight* that large is sharded (so the program
     does shard its weights, FSDP-style, and this one was missed). Weights are
@@ -81,12 +84,13 @@ class ReplicatedLargeParameter(Rule):
 
     **Options**
 
-    * ``min_bytes`` (int, default 1048576): only parameters at least this
-      big are flagged, and only sharded parameters at least this big count
-      as comparable;
-    * ``min_share_of_median`` (float, default 0.5): in a model whose weights
-      are small, a matrix (rank >= 2) at least this share of the median
-      sharded matrix is judged too, and counts as comparable (0: off).
+    * ``min_bytes`` (int, default 65536): no parameter smaller is flagged
+      or counts as comparable;
+    * ``min_share_of_median`` (float, default 0.5): a parameter of at least
+      1 MiB is always judged; a smaller one only when it is a matrix (rank
+      >= 2) of at least this share of the median sharded matrix (a small
+      model's weights), and the same holds for the comparable sharded
+      parameters (0: only parameters of 1 MiB or more).
     """
 
     id = "replicated-large-parameter"
@@ -146,16 +150,18 @@ class ReplicatedLargeParameter(Rule):
             yield self._finding(ctx, module, param, sharded, shard_count, axes)
 
     def _large(self, shapes, sharded: list[Instruction]):
-        """Whether a parameter is large enough to judge: ``min_bytes``, or a matrix of at least
-        ``min_share_of_median`` of the median sharded matrix (a small model's weights are all small)."""
+        """Whether a parameter is large enough to judge: at least ``min_bytes``, and 1 MiB or, in a small
+        model, a matrix of at least ``min_share_of_median`` of the median sharded matrix."""
         matrices = sorted(shapes[p.parameter_number].byte_size for p in sharded if shapes[p.parameter_number].rank >= 2)
         share = self.options.min_share_of_median
-        floor = min(self.options.min_bytes, share * matrices[len(matrices) // 2]) if matrices and share > 0 else None
+        small_model_floor = share * matrices[len(matrices) // 2] if matrices and share > 0 else None
 
         def large(param: Instruction) -> bool:
             shape = shapes[param.parameter_number]
-            return shape.byte_size >= self.options.min_bytes or (
-                floor is not None and shape.rank >= 2 and shape.byte_size >= floor)
+            if shape.byte_size < self.options.min_bytes:
+                return False
+            return shape.byte_size >= _LARGE or (
+                small_model_floor is not None and shape.rank >= 2 and shape.byte_size >= small_model_floor)
 
         return large
 
