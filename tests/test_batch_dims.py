@@ -291,3 +291,27 @@ def test_a_reshard_all_to_all_leaves_the_batch_with_the_rows_this_device_keeps()
     values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
     assert values[entry["cut"]] == {(0, 1)}        # not the larger piece: the one the all-to-all exchanges
     assert values[entry["features"]] == {(0, 0)}   # the rows stay the batch; the features are not
+
+
+# The same reshard with one row per device: [2] -> [2 devices, 1 row] reads, by shapes alone, as dim
+# 0 kept and a unit dim inserted (hand-written HLO, not compiler output).
+RESHARD_ONE_ROW = """
+HloModule reshard_one_row
+
+ENTRY main {
+  x = f32[2,6] parameter(0)
+  cut = f32[2,1,6] reshape(x)
+  moved = f32[2,1,6] all-to-all(cut), dimensions={0}, replica_groups={{0,1}}
+  rows = f32[1,2,6] transpose(moved), dimensions={1,0,2}
+  ROOT features = f32[1,12] reshape(rows)
+}
+"""
+
+
+def test_a_reshard_all_to_all_of_one_row_per_device_keeps_the_row_as_the_batch():
+    module = parse_module(RESHARD_ONE_ROW)
+    graph = build_graph(module)
+    entry = graph.computation_ids("main")
+    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    assert values[entry["cut"]] == {(0, 1)}
+    assert values[entry["features"]] == {(0, 0)}

@@ -7,7 +7,8 @@ one mapped operand have one map: ``transpose`` (by the permutation), ``broadcast
 into one output dim, or split: then into its major piece, where a program's own fold put it; next
 to an all-to-all, and for a bitcast, into its largest piece, which is how the partitioner's
 all-to-all reshards read; a bitcast on the physical, major-to-minor dims; unit dims inserted or
-dropped beside a fold, ``[B, S] -> [1, B * S]``, do not make it a regroup). A dot or convolution
+dropped beside a fold, ``[B, S] -> [1, B * S]``, do not make it a regroup; a reshape that feeds an
+all-to-all gives a dim cut into ``[devices, rows]`` to the rows, one row too). A dot or convolution
 has one per operand: free and batch dims map to the output, contracting dims end.
 
 :class:`DimMaps` keeps one graph's maps, each made once: every propagation over the graph
@@ -152,9 +153,13 @@ def _dim_map(key: tuple) -> DimMap:
     else:
         _, before_dims, after_dims, *context = key
         around = context[0] if context else None
+        exchanged = around[1] if around is not None else None
         moved = [reshape_pairs(frozenset({(0, d)}), before_dims, after_dims, split_to_largest=around is not None,
-                               exchanged=around[1] if around is not None else None)
+                               exchanged=exchanged)
                  for d in range(len(before_dims))]
+        if exchanged is not None and exchanged + 1 < len(after_dims) and after_dims[exchanged + 1] == 1:
+            # [k] -> [k, 1]: one row per device, cut off the devices' dim (the shapes alone read it as kept)
+            moved = [frozenset((0, exchanged + 1) if e == exchanged else (0, e) for _, e in out) for out in moved]
     return (tuple(next(iter(out))[1] if out else -1 for out in moved),)
 
 
@@ -170,6 +175,12 @@ def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]
     batch back to the major dim, where the fold put it."""
     out: set = set()
     for before_dims, group in _reshape_groups(before, after):
+        if split_to_largest and exchanged in group and len(before_dims) == 1 and len(group) > 1:
+            # a dim cut into [devices, rows] for an all-to-all: the rows stay, one row per device too
+            rows = [e for e in group if e != exchanged]
+            target = max(rows, key=lambda e: (after[e], -e))
+            out.update((p, target) for p, d in source if d in before_dims)
+            continue
         # unit dims inserted or dropped beside a fold ([B, S] -> [1, B * S]) do not regroup it
         after_dims = [e for e in group if after[e] > 1] or group
         if sum(1 for d in before_dims if before[d] > 1) > 1 and len(after_dims) > 1:
@@ -177,9 +188,7 @@ def reshape_pairs(source: Pairs, before: tuple[int, ...], after: tuple[int, ...]
         if len(after_dims) == 1:
             target = after_dims[0]  # kept, or merged into one dim that now holds the batch
         elif split_to_largest:
-            # an all-to-all that follows exchanges the ``exchanged`` piece: it then indexes devices
-            pieces = [e for e in after_dims if e != exchanged] or after_dims
-            target = max(pieces, key=lambda e: (after[e], -e))
+            target = max(after_dims, key=lambda e: (after[e], -e))
         else:
             target = next((e for e in after_dims if after[e] > 1), after_dims[0])
         out.update((p, target) for p, d in source if d in before_dims)
