@@ -94,8 +94,9 @@ class ReplicatedBatch(Rule):
     batch input's shard.
 
     When the batch is split over no axis, the batch input must divide over
-    the weights' axes (6 rows on 8 devices cannot): otherwise the weights are
-    split by design (tensor parallelism), and this rule's fix could not apply.
+    the axes it would be split over (6 rows on 8 devices cannot): otherwise
+    the work repeats by design (tensor parallelism of a small batch), and
+    this rule's fix could not apply.
 
     A program that shards nothing at all on several devices (the batch input
     placed whole on the mesh, every weight replicated: a data-parallel step
@@ -208,6 +209,11 @@ class ReplicatedBatch(Rule):
         replicating = [a for a in axes if a.name in candidates
                        and a.flops >= self.options.min_redundant_fraction * activation_flops
                        and (a.flops >= activation_flops * (1 - 1e-9) or not batch_axes)]
+        if not batch_axes:
+            # the batch split over no axis: only an axis it divides over could take it (4 rows on a
+            # 16-device tensor-parallel axis repeat by design)
+            rows = _batch_rows(per_device, params)
+            replicating = [a for a in replicating if rows is not None and rows >= a.size and rows % a.size == 0]
         if replicating:
             yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops,
                                 whole_program=not used)
@@ -385,18 +391,23 @@ class ReplicatedBatch(Rule):
         return _at_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable, ordered, rows)
 
 
+def _batch_rows(module: HloModule, params: EntryParameters) -> int | None:
+    """Dim 0 of the largest data input (the batch input's rows on each device)."""
+    entry = module.entry
+    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
+            and p.shape.rank >= 1] if entry is not None else []
+    return max(data, key=lambda p: p.shape.byte_size).shape.dims[0] if data else None
+
+
 def _main_step(ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                axes: set[str]) -> bool:
     """Whether a program that shards nothing is worth reporting: its batch input splits evenly over
     ``axes`` (a ``[1, S]`` position table or a batch of 1 could not be split), and it is the dump's
     largest module (frameworks compile small replicated helpers beside the step: torch_xla compiles
     every graph for all the devices of its SPMD mesh)."""
-    entry = module.entry
-    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
-            and p.shape.rank >= 1] if entry is not None else []
-    if not data:
+    rows = _batch_rows(module, params)
+    if rows is None:
         return False
-    rows = max(data, key=lambda p: p.shape.byte_size).shape.dims[0]
     ways = math.prod(mesh.axis_size(a) for a in axes)
     if rows < ways or rows % ways:
         return False
