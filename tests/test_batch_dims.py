@@ -58,6 +58,15 @@ add {
 """
 
 
+def _batch_of_x(text: str) -> tuple[PairValues, dict[str, int]]:
+    """The pairs of every value of hand-written HLO ``text`` from dim 0 of its input ``x`` (parameter
+    0), followed through every op, and the node id of each name of its entry ``main``."""
+    graph = build_graph(parse_module(text))
+    entry = graph.computation_ids("main")
+    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    return values, entry
+
+
 def test_batch_dim_through_each_kind_of_op():
     module = parse_module(TEXT)
     graph = build_graph(module)
@@ -220,10 +229,7 @@ ENTRY main {
 
 
 def test_a_layer_norm_lowered_as_a_batch_norm_of_the_folded_tokens_keeps_the_batch():
-    module = parse_module(LAYER_NORM_AS_BATCH_NORM)
-    graph = build_graph(module)
-    entry = graph.computation_ids("main")
-    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    values, entry = _batch_of_x(LAYER_NORM_AS_BATCH_NORM)
     assert values[entry["folded"]] == {(0, 1)}       # [4, 8] -> [1, 32]: merged, beside a unit dim
     assert values[entry["normalized"]] == {(0, 1)}
     assert values[entry["mean"]] == {(0, 0)}         # per feature: per token, the batch not reduced
@@ -285,10 +291,7 @@ ENTRY main {
 
 
 def test_a_reshard_all_to_all_leaves_the_batch_with_the_rows_this_device_keeps():
-    module = parse_module(RESHARD_TO_FEATURES)
-    graph = build_graph(module)
-    entry = graph.computation_ids("main")
-    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    values, entry = _batch_of_x(RESHARD_TO_FEATURES)
     assert values[entry["cut"]] == {(0, 1)}        # not the larger piece: the one the all-to-all exchanges
     assert values[entry["features"]] == {(0, 0)}   # the rows stay the batch; the features are not
 
@@ -309,9 +312,6 @@ ENTRY main {
 
 
 def test_a_reshard_all_to_all_of_one_row_per_device_keeps_the_row_as_the_batch():
-    module = parse_module(RESHARD_ONE_ROW)
-    graph = build_graph(module)
-    entry = graph.computation_ids("main")
-    values, _ = _Propagation(graph).run({entry["x"]: frozenset({(0, 0)})}, through_dots=True)
+    values, entry = _batch_of_x(RESHARD_ONE_ROW)
     assert values[entry["cut"]] == {(0, 1)}
     assert values[entry["features"]] == {(0, 0)}

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
+from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.graph.mesh import dim_axes
-from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.rules.base import Finding, SourceRef
 from hlo_doctor.rules.context import RuleContext
@@ -24,12 +25,43 @@ from hlo_doctor.semantics.batch_dims import (  # noqa: F401 - re-exported for th
     buffer_donors,
     parameter_sharding,
 )
+from hlo_doctor.semantics.cost import matmul_flops
+from hlo_doctor.semantics.opclasses import MATMULS
+from hlo_doctor.semantics.parameters import EntryParameters
 
 __all__ = [
-    "BatchAnalysis", "analyze_batch", "axes_text", "batch_axes", "buffer_donors", "parameter_name",
+    "BatchAnalysis", "activation_matmuls", "analyze_batch", "axes_text", "batch_axes", "batch_input", "buffer_donors",
+    "parameter_name",
     "parameter_sharding",
     "torch_module_source", "with_torch_source",
 ]
+
+
+# --------------------------------------------------------------------------
+# The batch input and the matmuls on data
+
+
+def batch_input(module: HloModule, params: EntryParameters) -> Instruction | None:
+    """The largest data input of rank >= 1 (the first of equals, in parameter order): the batch."""
+    entry = module.entry
+    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
+            and p.shape.rank >= 1] if entry is not None else []
+    return max(data, key=lambda p: p.shape.byte_size) if data else None
+
+
+def activation_matmuls(module: HloModule, graph: DataflowGraph,
+                       params: EntryParameters) -> Iterator[tuple[Computation, Instruction, float]]:
+    """Each dot or convolution of ``module`` that derives from a data input, with its FLOPs (> 0)."""
+    data_mask = params.data_mask()
+    for computation, dot in module.instructions():
+        if dot.opcode not in MATMULS or len(dot.operands) < 2 or dot.shape.is_tuple:
+            continue
+        node = graph.id_of((computation.name, dot.name))
+        if node is None or not graph.parameter_bits(node) & data_mask:
+            continue
+        flops = matmul_flops(dot, computation)
+        if flops > 0:
+            yield computation, dot, flops
 
 
 # --------------------------------------------------------------------------

@@ -28,17 +28,15 @@ from hlo_doctor.program.levers import with_lever
 from hlo_doctor.program.spec_sites import spec_site
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
 from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
-from hlo_doctor.rules._batch import parameter_name, with_torch_source
+from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
 from hlo_doctor.rules._program_files import dump_program, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
-from hlo_doctor.semantics.cost import matmul_flops
-from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.semantics.parameters import EntryParameters
 
-__all__ = ["Regroup", "regroup_site", "regrouped_batch", "rows_repeated", "torch_batch_lever"]
+__all__ = ["Regroup", "propagated_batch", "regroup_site", "regrouped_batch", "rows_repeated", "torch_batch_lever"]
 
 
 _SYMPTOM_ROLES = ACTIVATION_ROLES | {"reshard"}
@@ -79,9 +77,7 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
     The batch dim is the constraint's dim that carries a data input's dim 0 (``batch``, followed
     through the propagated module); without it, the dim that a constraint shards over other batch axes.
     """
-    data_bits = 0
-    for number in params.data:
-        data_bits |= 1 << number
+    data_mask = params.data_mask()
     for computation, instruction in module.instructions():
         if not is_constraint(instruction) or instruction.shape.is_tuple or instruction.shape.rank < 1:
             continue
@@ -89,7 +85,7 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
         if sharding is None or sharding.kind not in (ShardingKind.TILED, ShardingKind.REPLICATED):
             continue
         node = graph.id_of((computation.name, instruction.name))
-        if node is None or not graph.parameter_bits(node) & data_bits:
+        if node is None or not graph.parameter_bits(node) & data_mask:
             continue
         rank = instruction.shape.rank
         if sharding.kind is ShardingKind.REPLICATED:
@@ -119,17 +115,13 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
 
 def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: DataflowGraph,
                     params: EntryParameters, mesh: Mesh, batch_axes: set[str], repeated: RepeatedAxis,
-                    activation_flops: float) -> Finding | None:
-    """The finding for a batch split over ``repeated.name`` at the input and regrouped off it later."""
-    entry = module.entry
-    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
-            and p.shape.rank >= 1] if entry is not None else []
-    if not data or not repeated.dots:
+                    activation_flops: float, batch: BatchAnalysis) -> Finding | None:
+    """The finding for a batch split over ``repeated.name`` at the input and regrouped off it later;
+    ``batch``: the batch dim of each value of the propagated ``module`` (:func:`propagated_batch`)."""
+    largest = batch_input(module, params)
+    if largest is None or not repeated.dots:
         return None
-    batch_input = max(data, key=lambda p: p.shape.byte_size)
-    input_name = parameter_name(ctx, batch_input, with_shape=False)
-    # the batch dim of each value of the propagated module (dim 0 of the data inputs, followed)
-    batch = analyze_data_batch(ctx.semantics.view, module, graph, params.data)
+    input_name = parameter_name(ctx, largest, with_shape=False)
     site = regroup_site(module, graph, params, mesh, repeated.name, batch_axes, batch)
     if site is None:
         return None  # no constraint of the program's regroups it: XLA's own choice, for the batch-traffic rules
@@ -150,7 +142,7 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     new[batch_dim] = combined
     message = (
         f"the batch is regrouped off mesh axis {axis} mid-graph: the batch input {input_name} "
-        f"({batch_input.shape}) is split over {'/'.join(repr(a) for a in combined)}, but {where}, so "
+        f"({largest.shape}) is split over {'/'.join(repr(a) for a in combined)}, but {where}, so "
         f"{share:.0%} of the matmul FLOPs on activations repeat along {axis}: its {repeated.size} devices "
         f"compute the same rows from there on (e.g. {top.name} {top.shape}, "
         + (f"split over {'/'.join(repr(a) for a in others)} only)" if others else "on every row of the batch)")
@@ -200,6 +192,12 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))
 
 
+def propagated_batch(ctx: RuleContext, module: HloModule, graph: DataflowGraph,
+                     params: EntryParameters) -> BatchAnalysis:
+    """The batch dim of each value of the propagated ``module``: dim 0 of the data inputs, followed."""
+    return analyze_data_batch(ctx.semantics.view, module, graph, params.data)
+
+
 def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_axes: tuple[str, ...]) -> Finding:
     """The batch sharding where a torch_xla program sets it: the marks on the model's inputs (from
     the runner's record) or, on a dump made without the runner, the program's own marks and FSDPv2
@@ -213,11 +211,11 @@ def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_
     return with_lever(finding, lever, ctx.framework)
 
 
-def rows_repeated(ctx: RuleContext, params: EntryParameters) -> tuple[float, float, int,
+def rows_repeated(ctx: RuleContext, params: EntryParameters) -> tuple[float, float,
                                                                      tuple[tuple[str, Instruction], ...]]:
     """Per device: the FLOPs of all activation matmuls, of those whose operands hold more rows of
     the batch than the batch input's shard (a dim that carries the batch, up to the global batch),
-    the largest such excess and those matmuls, largest first.
+    and those matmuls, largest first.
 
     Read where the work happens, in the partitioned module: a constraint that regroups the batch
     can be undone by propagation in the propagated module (its ops split again), while the
@@ -227,38 +225,29 @@ def rows_repeated(ctx: RuleContext, params: EntryParameters) -> tuple[float, flo
     module, graph, batch = ctx.per_device, semantics.view.graph, semantics.batch
     entry = module.entry if module is not None else None
     if entry is None or graph is None or batch is None:
-        return 0.0, 0.0, 1, ()
+        return 0.0, 0.0, ()
     rows = {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
             if p.parameter_number in params.data and not p.shape.is_tuple and p.shape.rank >= 1}
-    data_bits = 0
-    for number in params.data:
-        data_bits |= 1 << number
     total = repeated = 0.0
-    factor = 1
     found: list[tuple[float, str, Instruction]] = []
-    for computation, dot in module.instructions():
-        if dot.opcode not in MATMULS or len(dot.operands) < 2 or dot.shape.is_tuple:
-            continue
-        node = graph.id_of((computation.name, dot.name))
-        if node is None or not graph.parameter_bits(node) & data_bits:
-            continue
-        flops = matmul_flops(dot, computation)
-        if flops <= 0:
-            continue
+    for computation, dot, flops in activation_matmuls(module, graph, params):
         total += flops
-        most = 1
-        for name in dot.operands[:2]:
-            operand = computation.get(name)
-            if operand is None or operand.shape.is_tuple:
-                continue
-            for dim, param in batch.batch_dims((computation.name, name)).items():
-                shard, whole = rows.get(param), batch.global_batch.get(param)
-                held = operand.shape.dims[dim] if dim < operand.shape.rank else 0
-                if shard and whole and shard < held <= whole and whole % held == 0 and held % shard == 0:
-                    most = max(most, held // shard)
-        if most > 1:
+        if any(_more_rows(batch, rows, computation, name) for name in dot.operands[:2]):
             repeated += flops
-            factor = max(factor, most)
             found.append((flops, computation.name, dot))
     found.sort(key=lambda f: (-f[0], f[2].name))
-    return total, repeated, factor, tuple((c, d) for _, c, d in found)
+    return total, repeated, tuple((c, d) for _, c, d in found)
+
+
+def _more_rows(batch: BatchAnalysis, rows: dict[int, int], computation, name: str) -> bool:  # noqa: ANN001
+    """Whether the operand ``name`` holds more rows of a batch input than its shard, up to the whole
+    batch, on a dim that carries it."""
+    operand = computation.get(name)
+    if operand is None or operand.shape.is_tuple:
+        return False
+    for dim, param in batch.batch_dims((computation.name, name)).items():
+        shard, whole = rows.get(param), batch.global_batch.get(param)
+        held = operand.shape.dims[dim] if dim < operand.shape.rank else 0
+        if shard and whole and shard < held <= whole and whole % held == 0 and held % shard == 0:
+            return True
+    return False

@@ -286,13 +286,9 @@ def contracted_inputs(module: HloModule, graph: DataflowGraph, inputs: frozenset
 
     A forward pass never contracts its batch; a weight's free dim (``w @ x.T`` makes the weight's
     output features the lhs's free dim 0) is contracted by the next layer."""
-    entry = module.entry
-    if entry is None or not inputs:
+    if module.entry is None or not inputs:
         return frozenset()
-    local = graph.computation_ids(entry.name)
-    seeds = {local[p.name]: frozenset({(p.parameter_number, 0)}) for p in entry.parameters()
-             if p.parameter_number in inputs and p.name in local}
-    values, touched = _Propagation(graph).run(seeds, through_dots=True)
+    values, touched = _followed(module, graph, inputs)
     coding, bits = values.coding, values.bits
     found: set[int] = set()
     for node in touched:
@@ -311,6 +307,18 @@ def contracted_inputs(module: HloModule, graph: DataflowGraph, inputs: frozenset
     return frozenset(found)
 
 
+def _followed(module: HloModule, graph: DataflowGraph, numbers: frozenset[int], *,
+              every_dim: bool = False) -> tuple[PairValues, list[int]]:
+    """The pairs of every value from dim 0 (``every_dim``: each dim) of the entry's array parameters
+    numbered in ``numbers``, followed through every op (dots included), and the nodes reached."""
+    entry = module.entry
+    local = graph.computation_ids(entry.name) if entry is not None else {}
+    seeds = {local[p.name]: frozenset((p.parameter_number, d) for d in range(p.shape.rank if every_dim else 1))
+             for p in (entry.parameters() if entry is not None else ())
+             if p.parameter_number in numbers and not p.shape.is_tuple and p.shape.rank >= 1 and p.name in local}
+    return _Propagation(graph).run(seeds, through_dots=True)
+
+
 # Elementwise ops whose operands line up dim by dim: where an input meets the batch on its own dim.
 _MEETING = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "select", "compare", "and",
                       "or", "xor", "atan2", "power", "remainder", "clamp"})
@@ -325,12 +333,9 @@ def meets_batch(module: HloModule, graph: DataflowGraph, data: frozenset[int],
     entry = module.entry
     if entry is None or not data or not candidates:
         return frozenset()
-    local = graph.computation_ids(entry.name)
     sizes = {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
              if p.parameter_number in data | candidates and not p.shape.is_tuple and p.shape.rank >= 1}
-    seeds = {local[p.name]: frozenset({(p.parameter_number, 0)}) for p in entry.parameters()
-             if p.parameter_number in sizes and p.name in local}
-    values, touched = _Propagation(graph).run(seeds, through_dots=True)
+    values, touched = _followed(module, graph, frozenset(sizes))
     coding, bits = values.coding, values.bits
     data_mask, candidate_mask = coding.mask(data), coding.mask(candidates)
     batch_sizes = {sizes[n] for n in data if n in sizes}
@@ -359,14 +364,9 @@ def gathered_weight_dim(module: HloModule, graph: DataflowGraph, weights: frozen
     """For each all-gather (by key), whether the dim it gathers carries a dim of a weight in
     ``weights``, followed through every op (a dot's output features come from its weight operand's
     free dim): a layer's output put back together on its feature dim, not rows or a sequence."""
-    entry = module.entry
-    if entry is None or not weights or not gathers:
+    if module.entry is None or not weights or not gathers:
         return {}
-    local = graph.computation_ids(entry.name)
-    seeds = {local[p.name]: frozenset((p.parameter_number, d) for d in range(p.shape.rank))
-             for p in entry.parameters()
-             if p.parameter_number in weights and not p.shape.is_tuple and p.shape.rank >= 1 and p.name in local}
-    values, _ = _Propagation(graph).run(seeds, through_dots=True)
+    values, _ = _followed(module, graph, weights, every_dim=True)
     found: dict[NodeKey, bool] = {}
     for key in gathers:
         node = graph.id_of(key)

@@ -104,9 +104,7 @@ class ByteAccount:
 def account_bytes(graph: DataflowGraph, params: EntryParameters,
                   roles: tuple[CollectiveRole, ...]) -> ByteAccount:
     """The bytes of every collective in ``roles`` (from :func:`~hlo_doctor.semantics.roles.assign_roles`)."""
-    data_mask = 0
-    for number in params.data:
-        data_mask |= 1 << number
+    data_mask = params.data_mask()
     out = []
     for role in roles:
         facts = role.facts

@@ -59,6 +59,13 @@ class EntryParameters:
     state: frozenset[int]
     names: dict[int, str]
 
+    def data_mask(self) -> int:
+        """The data inputs as bits of parameter numbers (as the graph's ``parameter_bits``)."""
+        bits = 0
+        for number in self.data:
+            bits |= 1 << number
+        return bits
+
     def kind(self, number: int) -> str:
         if number in self.scalars:
             return "scalar"

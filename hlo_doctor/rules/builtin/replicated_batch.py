@@ -17,13 +17,12 @@ from hlo_doctor.program.levers import jax_argument_constraint
 from hlo_doctor.program.records import record_entries, user_line
 from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
-from hlo_doctor.rules._batch import parameter_name, with_torch_source
-from hlo_doctor.rules._regroup import regrouped_batch, rows_repeated, torch_batch_lever
+from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
+from hlo_doctor.rules._regroup import propagated_batch, regrouped_batch, rows_repeated, torch_batch_lever
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.batch_dims import gathered_weight_dim
-from hlo_doctor.semantics.cost import matmul_flops
 from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.semantics.parameters import EntryParameters
 from hlo_doctor.units import format_bytes
@@ -223,19 +222,21 @@ class ReplicatedBatch(Rule):
                      and a.flops >= self.options.min_regrouped_fraction * activation_flops]
         if regrouped:
             found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
-                                    max(regrouped, key=lambda a: a.flops), activation_flops)
+                                    max(regrouped, key=lambda a: a.flops), activation_flops,
+                                    propagated_batch(ctx, module, graph, params))
             if found is not None:
                 yield found
             return
         if regroup_axes:
             # Propagation may split again what a constraint regrouped: the partitioned module's
             # matmuls then still gather the rows (a weight gradient over the whole batch).
-            per_device, repeated_flops, _, dots = rows_repeated(ctx, params)
+            per_device, repeated_flops, dots = rows_repeated(ctx, params)
             if not dots or repeated_flops < self.options.min_regrouped_fraction * per_device:
                 return
+            batch = propagated_batch(ctx, module, graph, params)  # once for every axis tried
             for axis in sorted(regroup_axes, key=lambda a: (-mesh.axis_size(a), a)):
                 found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
-                                        _Axis(axis, mesh.axis_size(axis), repeated_flops, dots), per_device)
+                                        _Axis(axis, mesh.axis_size(axis), repeated_flops, dots), per_device, batch)
                 if found is not None:
                     yield found
                     return
@@ -263,29 +264,27 @@ class ReplicatedBatch(Rule):
             a in {x.split(":(")[0] for x in r.facts.op.mesh_axes} for r in gathers))
         if not axes:
             return None
-        entry = module.entry
-        assert entry is not None
-        data = sorted((p for p in entry.parameters() if p.parameter_number in params.data
-                       and not p.shape.is_tuple and p.shape.rank >= 1), key=lambda p: -p.shape.byte_size)
-        batch_input = data[0]
-        rows = batch_input.shape.dims[0]
+        batch_param = batch_input(module, params)
+        if batch_param is None:
+            return None
+        rows = batch_param.shape.dims[0]
         factor = math.prod(mesh.axis_size(a) for a in axes)
         if rows < factor or rows % factor:
             # The batch cannot be split over those axes (6 rows on 8 devices): the layers' weights are
             # split by design (tensor parallelism), and the fix this finding gives could not be applied.
             return None
         wire = sum(r.facts.wire_bytes_per_step for r in gathers)
-        input_name = parameter_name(ctx, batch_input, with_shape=False)  # the message prints its shape
+        input_name = parameter_name(ctx, batch_param, with_shape=False)  # the message prints its shape
         axes_text = "/".join(repr(a) for a in axes)
         largest = max(gathers, key=lambda r: r.facts.wire_bytes_per_step)
         message = (
             f"the batch is split over no mesh axis: every device computes all {rows} rows of the batch input "
-            f"{input_name} ({batch_input.shape}) while the weights are sharded over {axes_text} ({factor} devices), "
+            f"{input_name} ({batch_param.shape}) while the weights are sharded over {axes_text} ({factor} devices), "
             f"so the layers' outputs are split on feature dims and {len(gathers)} all-gathers put the activations "
             f"back together ({format_bytes(wire)} over the wire per device per step, each waiting on the layer "
             f"before it); the largest is {largest.facts.instruction}"
         )
-        spec: list = [None] * batch_input.shape.rank
+        spec: list = [None] * batch_param.shape.rank
         spec[0] = axes
         variable = python_identifier(input_name, "batch")
         jax_code, torch_code = constraint_code(spec, variable)
@@ -392,11 +391,9 @@ class ReplicatedBatch(Rule):
 
 
 def _batch_rows(module: HloModule, params: EntryParameters) -> int | None:
-    """Dim 0 of the largest data input (the batch input's rows on each device)."""
-    entry = module.entry
-    data = [p for p in entry.parameters() if p.parameter_number in params.data and not p.shape.is_tuple
-            and p.shape.rank >= 1] if entry is not None else []
-    return max(data, key=lambda p: p.shape.byte_size).shape.dims[0] if data else None
+    """Dim 0 of the batch input (its rows on each device)."""
+    largest = batch_input(module, params)
+    return largest.shape.dims[0] if largest is not None else None
 
 
 def _main_step(ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
@@ -455,21 +452,10 @@ def _repeated_work(module: HloModule, graph: DataflowGraph, params: EntryParamet
 
     A matmul with no sharding is replicated: Shardy writes no sharding on a replicated op (every
     op of a program that shards nothing, the weight-gradient dots of replicated weights)."""
-    data_bits = 0
-    for number in params.data:
-        data_bits |= 1 << number
     total = 0.0
     repeated: dict[str, list[tuple[float, str, Instruction]]] = {a: [] for a in candidates}
-    for computation, dot in module.instructions():
-        if dot.opcode not in _DOTS or len(dot.operands) < 2 or dot.shape.is_tuple:
-            continue
+    for computation, dot, flops in activation_matmuls(module, graph, params):
         if dot.sharding is not None and dot.sharding.kind is ShardingKind.MANUAL:
-            continue
-        node = graph.id_of((computation.name, dot.name))
-        if node is None or not graph.parameter_bits(node) & data_bits:
-            continue
-        flops = matmul_flops(dot, computation)
-        if flops <= 0:
             continue
         total += flops
         if not candidates:
