@@ -107,11 +107,13 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
             # No update tells weights from data (an eval step): the data's batch dim is never
             # contracted, and a weight applied as ``w @ x.T`` has its dim 0 contracted by the next layer.
             # A contracted source is a weight when other data (tokens, or another source) carries a
-            # batch that no dot contracts.
+            # batch that no dot contracts, and its dim 0 is not that batch's extent (a batch input's
+            # dim 0 can look contracted where the batch is lost in a loop's carries).
             contracted = contracted_inputs(module, graph, frozenset(sources | data))
-            kept = sources - contracted
-            if kept or data - contracted:
-                sources = kept
+            rows = {p.parameter_number: p.shape.dims[0] for p in arrays if p.shape.rank >= 1}
+            batch_rows = {rows.get(n) for n in (sources | data) - contracted}
+            if batch_rows:
+                sources = {n for n in sources if n not in contracted or rows.get(n) in batch_rows}
         data |= sources
         # Updated in place (w - lr * g) without being donated: state too, unless it is an activation's source.
         state |= updated - data
