@@ -11,7 +11,9 @@ on a dump of one module, the rules that read only the after-propagation
 snapshot run in a second process, see ``hlo_doctor/rules/parallel.py``; the
 modules of a dump of several run in worker processes, see
 ``hlo_doctor/rules/module_workers.py``), and again in one process
-(``--jobs 1``); in another, XLA's C++ parser
+(``--jobs 1``), and again with what ``--format html`` adds (each module's
+communication inventory and memory picture, which parses the
+after-optimizations snapshot and XLA's memory files); in another, XLA's C++ parser
 (``jaxlib._hlo.hlo_module_from_text``) only parses every HLO snapshot of
 the folder (in one thread). Prints the times, the ratios, and with
 ``--per-rule`` each rule's time alone. Not a test: numbers depend on the machine.
@@ -32,8 +34,9 @@ import gc, json, sys, time
 from hlo_doctor.analysis import analyze_dump
 select = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
 jobs = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
+drawings = len(sys.argv) > 4 and sys.argv[4] == "html"
 start = time.perf_counter()
-report = analyze_dump(sys.argv[1], select=select, jobs=jobs)
+report = analyze_dump(sys.argv[1], select=select, jobs=jobs, drawings=drawings)
 gc.collect(0)  # the young-generation scan owed since the analysis paused the GC: part of its cost
 print(json.dumps({"seconds": time.perf_counter() - start, "findings": len(report.findings),
                   "errors": len(report.errors)}))
@@ -70,12 +73,14 @@ def main() -> int:
     cpp = child(CPP, str(args.dump))
     ours = child(ANALYZE, str(args.dump), "")
     serial = child(ANALYZE, str(args.dump), "", "1")
+    html = child(ANALYZE, str(args.dump), "", "", "html")
     print(f"dump: {args.dump} ({cpp['files']} HLO snapshots, {cpp['megabytes']:.1f} MB)")
     print(f"XLA C++ parser, parse only              {cpp['seconds']:7.2f} s")
     print(f"hlo-doctor analyze (all rules)          {ours['seconds']:7.2f} s  ({ours['findings']} findings)")
     print(f"hlo-doctor analyze --jobs 1 (all rules) {serial['seconds']:7.2f} s  ({serial['findings']} findings)")
+    print(f"hlo-doctor analyze --format html        {html['seconds']:7.2f} s  ({html['findings']} findings)")
     print(f"ratio (analysis / C++ parse, <=1 is the target): {ours['seconds'] / cpp['seconds']:.2f}"
-          f"  (--jobs 1: {serial['seconds'] / cpp['seconds']:.2f})")
+          f"  (--jobs 1: {serial['seconds'] / cpp['seconds']:.2f}; html: {html['seconds'] / cpp['seconds']:.2f})")
     if args.per_rule:
         from hlo_doctor.rules import discover
 

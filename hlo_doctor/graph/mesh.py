@@ -64,6 +64,24 @@ def dim_axes(sharding: Sharding, shape_rank: int, mesh: Mesh) -> tuple[tuple[str
     """
     if sharding.kind is not ShardingKind.TILED or sharding.tile_assignment is None:
         return ((),) * shape_rank if sharding.kind is not ShardingKind.TUPLE else None
+    # A module repeats a few shardings on thousands of ops: each is read once per mesh.
+    key = (sharding.tile_assignment, sharding.last_tile_dim_replicate, sharding.last_tile_dims, sharding.named,
+           shape_rank)
+    known = mesh.read_shardings
+    if key in known:
+        return known[key]
+    found = _dim_axes(sharding, shape_rank, mesh)
+    if len(known) < _READ_SHARDINGS_KEPT:
+        known[key] = found
+    return found
+
+
+# The most shardings a mesh remembers the reading of (a module with more distinct ones reads the rest anew).
+_READ_SHARDINGS_KEPT = 4096
+
+
+def _dim_axes(sharding: Sharding, shape_rank: int, mesh: Mesh) -> tuple[tuple[str, ...], ...] | None:
+    assert sharding.tile_assignment is not None
     named = sharding.named
     if (
         named is not None

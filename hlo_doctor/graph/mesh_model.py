@@ -36,6 +36,9 @@ class Mesh:
     source: str
     name: str | None = None
     _coords: dict[int, tuple[int, ...]] = field(init=False, compare=False, repr=False)
+    # What :func:`hlo_doctor.graph.mesh.dim_axes` read from each sharding over this mesh.
+    read_shardings: dict[tuple, tuple[tuple[str, ...], ...] | None] = field(
+        init=False, default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.axis_names) != len(self.axis_sizes):

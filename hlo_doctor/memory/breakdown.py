@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.memory.heap import fullest_moment
 from hlo_doctor.memory.liveness import Liveness, module_liveness
 from hlo_doctor.memory.values import CLASSES, ValueClasses, classify_values
 from hlo_doctor.memory.xla_files import (
@@ -181,13 +182,31 @@ def _parameter_item(instruction: Instruction, size: int, parameter_classes: Mapp
     return MemoryItem(cls, label, size, source, instruction.name, number)
 
 
-def _value_item(module: HloModule, instruction_name: str, suffix: str, size: int, values: ValueClasses,
+class _Definitions:
+    """Where a module's values are defined: its entry, else the first other computation with the name
+    (indexed once, on the first value not in the entry)."""
+
+    def __init__(self, module: HloModule) -> None:
+        self.module = module
+        self._nested: dict[str, str] | None = None
+
+    def nested(self, name: str) -> str | None:
+        if self._nested is None:
+            self._nested = {}
+            for computation in self.module.computations:
+                if not computation.is_entry:
+                    for instruction in computation.instructions:
+                        self._nested.setdefault(instruction.name, computation.name)
+        return self._nested.get(name)
+
+
+def _value_item(definitions: _Definitions, instruction_name: str, suffix: str, size: int, values: ValueClasses,
                 describe: Describe) -> MemoryItem:
-    entry = module.entry
+    entry = definitions.module.entry
     instruction = entry.get(instruction_name) if entry is not None else None
     cls = values.by_name.get(instruction_name, "temporaries")
     if instruction is None:
-        where = next((c.name for c in module.computations if not c.is_entry and c.get(instruction_name)), None)
+        where = definitions.nested(instruction_name)
         label = instruction_name + suffix + (f" (in {where})" if where else "")
         return MemoryItem(cls, label, size, None, instruction_name)
     label, source = describe(instruction)
@@ -202,6 +221,7 @@ def _from_assignment(
     assert entry is not None
     parameters = {p.parameter_number: p for p in entry.parameters()}
     own_ranges = {v.instruction: (v.start, v.end) for v in liveness.values} if liveness is not None else {}
+    definitions = _Definitions(module)
     items: list[MemoryItem] = []
     for allocation in assignment.allocations:
         if allocation.color != 0:
@@ -211,14 +231,14 @@ def _from_assignment(
                                          describe))
             continue
         if allocation.is_temp:
-            items.extend(_heap_items(allocation, ranges, own_ranges, module, values, describe))
+            items.extend(_heap_items(allocation, ranges, own_ranges, definitions, values, describe))
             continue
         largest = max(allocation.values, key=lambda v: v.size, default=None)
         if largest is None:
             items.append(MemoryItem("temporaries", f"(allocation {allocation.index})", allocation.size))
             continue
         suffix = largest.shape_index if largest.shape_index != "{}" else ""
-        item = _value_item(module, largest.instruction, suffix, allocation.size, values, describe)
+        item = _value_item(definitions, largest.instruction, suffix, allocation.size, values, describe)
         if allocation.is_output:
             item = MemoryItem("outputs", item.name, item.bytes, item.source, item.instruction)
         elif allocation.is_constant or allocation.is_thread_local:
@@ -227,7 +247,8 @@ def _from_assignment(
     return assignment.total(0), items
 
 
-def _heap_items(allocation, ranges: LiveRanges | None, own_ranges: dict[str, tuple[int, int]], module: HloModule,
+def _heap_items(allocation, ranges: LiveRanges | None, own_ranges: dict[str, tuple[int, int]],
+                definitions: _Definitions,
                 values: ValueClasses, describe: Describe) -> list[MemoryItem]:
     """The values in the temporaries' heap at its fullest moment, and the bytes no value uses then."""
     spans = []
@@ -239,51 +260,15 @@ def _heap_items(allocation, ranges: LiveRanges | None, own_ranges: dict[str, tup
             span = own_ranges.get(value.instruction)
         if span is not None:
             spans.append((value, span))
-    best: list = []
-    best_bytes = -1
-    positions = sorted({start for _, (start, _end) in spans})
-    for position in positions:
-        live = _disjoint([(value, start) for value, (start, end) in spans if start <= position <= end],
-                         allocation.size)
-        total = sum(size for _, size in live)
-        if total > best_bytes:
-            best, best_bytes = live, total
+    best = fullest_moment(spans, allocation.size)
     items = []
     for value, size in best:
         suffix = value.shape_index if value.shape_index != "{}" else ""
-        items.append(_value_item(module, value.instruction, suffix, size, values, describe))
+        items.append(_value_item(definitions, value.instruction, suffix, size, values, describe))
     used = sum(i.bytes for i in items)
     if allocation.size > used:
         items.append(MemoryItem("temporaries", UNUSED_HEAP, allocation.size - used))
     return items
-
-
-def _disjoint(live: list, size: int) -> list:  # list[tuple[AssignedValue, int]] -> list[tuple[AssignedValue, int]]
-    """The bytes each live value holds on its own: values that share bytes of the heap at one
-    position (an output written over its operand's last use) count them once, for the newest;
-    bytes a (damaged) file places outside the heap's ``size`` do not count."""
-    taken: list[tuple[int, int]] = []  # disjoint [start, end) byte ranges already counted
-    found = []
-    for value, _start in sorted(live, key=lambda pair: (-pair[1], pair[0].offset)):
-        low, high = min(value.offset, size), min(value.offset + value.size, size)
-        own = high - low
-        for begin, end in taken:
-            own -= max(0, min(high, end) - max(low, begin))
-        if own > 0:
-            found.append((value, own))
-            taken.append((low, high))
-            taken = _merged(taken)
-    return found
-
-
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for begin, end in sorted(ranges):
-        if merged and begin <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((begin, end))
-    return merged
 
 
 def _estimate(module: HloModule, values: ValueClasses, liveness: Liveness | None,
@@ -291,13 +276,14 @@ def _estimate(module: HloModule, values: ValueClasses, liveness: Liveness | None
     entry = module.entry
     if liveness is None or entry is None:
         return 0, []
+    definitions = _Definitions(module)
     items: list[MemoryItem] = []
     for value in liveness.live_at(liveness.peak_at):
         instruction = entry.get(value.instruction)
         if instruction is not None and instruction.opcode == "parameter":
             items.append(_parameter_item(instruction, value.size, parameter_classes, describe))
         else:
-            items.append(_value_item(module, value.instruction, "", value.size, values, describe))
+            items.append(_value_item(definitions, value.instruction, "", value.size, values, describe))
     nested = liveness.nested.get(liveness.peak_at, 0)
     if nested:
         caller = entry.instructions[liveness.peak_at].name if liveness.peak_at < len(entry.instructions) else "?"
