@@ -355,7 +355,7 @@ def test_run_script_on_h100_2x8(tmp_path):
     assert sorted({f.rule for f in report.findings}) == ["communication-bound"]
     [bound] = report.findings
     assert bound.evidence["hardware"] == "h100" and bound.evidence["slow_boundary"] == "host"
-    assert bound.evidence["inter_host_bytes_sent"] > 0  # FSDP over 16 devices crosses the 2 hosts
+    assert bound.evidence["slow_link_bytes_sent"] > 0  # FSDP over 16 devices crosses the 2 hosts
     # the FSDP weight gathers of a scheduled module are async: part of their time overlaps
     assert bound.evidence["exposed_communication_seconds"] <= bound.evidence["communication_seconds"]
 

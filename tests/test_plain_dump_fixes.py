@@ -210,3 +210,87 @@ def test_a_replicated_weights_placement_is_found_in_the_source(tmp_path, monkeyp
     program.write_text(head + "w2 = jax.device_put(w2, NamedSharding(mesh, P()))\n"
                        "jitted = jax.jit(step, in_shardings=(fsdp, fsdp, NamedSharding(mesh, P())))\n")
     assert parameter_spec_site(str(program), "w2", (), "step") is None  # two places replicate it
+
+
+def test_mesh_axis_names_come_from_any_file_the_dump_names(tmp_path, monkeypatch):
+    """Hand-written programs: the model file builds no mesh, the script does; a size the source
+    does not fix (``n``) matches its place, and an axis written with size 1 is left out (a dump
+    never shows it); two files that name the same shape differently give no answer."""
+    from hlo_doctor.program.terms import mesh_axes_in, mesh_axes_of_shape
+
+    monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
+    model = tmp_path / "model.py"
+    model.write_text("def forward(params, x):\n    return x @ params['w']\n")
+    script = tmp_path / "train.py"
+    script.write_text("import numpy as np\nfrom jax.sharding import Mesh\n"
+                      "mesh = Mesh(np.array(jax.devices()[:n]).reshape(n, 1), ('fsdp', 'replica'))\n"
+                      "grid = Mesh(devices.reshape(2, 4), ('data', 'model'))\n")
+    assert mesh_axes_of_shape(str(script), (8,)) == ("fsdp",)
+    assert mesh_axes_of_shape(str(script), (2, 4)) == ("data", "model")
+    assert mesh_axes_of_shape(str(model), (8,)) is None
+    assert mesh_axes_in([str(model), str(script)], (8,)) == ("fsdp",)
+    assert mesh_axes_in([str(model), str(script)], (4, 2)) is None  # no construction of that shape
+    other = tmp_path / "other.py"
+    other.write_text("mesh = jax.make_mesh((8,), ('batch',))\n")
+    assert mesh_axes_in([str(script), str(other)], (8,)) is None  # 'fsdp' or 'batch': no guess
+    torch = tmp_path / "torch_train.py"
+    torch.write_text("mesh = xs.Mesh(np.arange(8), (2, 4), ('replica', 'fsdp'))\n")
+    assert mesh_axes_of_shape(str(torch), (2, 4)) == ("replica", "fsdp")
+
+
+def _plain_fix(folder: Path, tmp_path: Path, rule: str):
+    report = analyze_dump(plain_copy(folder, tmp_path), select=builtin_rule_ids(), jobs=1, drawings=False)
+    return [f for f in report.findings if f.rule == rule]
+
+
+def test_a_plain_gspmd_dump_whose_mesh_is_built_beside_the_model(tmp_path):
+    """The replicated-batch program builds its mesh ('data'=2, 'fsdp'=4) in its script, and the
+    finding's line is in the model file: the fix names the mesh variable and its axes."""
+    [finding] = _plain_fix(FIXTURES / "replicated-batch" / "jax-gspmd-bad", tmp_path, "replicated-batch")
+    assert finding.source.file.endswith("llama_model.py")
+    assert "NamedSharding(mesh, P(('data', 'fsdp'), None))" in finding.suggestion.jax
+    assert "'data'" in finding.message and "axis_" not in finding.message
+
+
+def test_a_plain_keras_dump_gets_the_programs_layout_map(tmp_path):
+    """Keras names the step's parameters by position (state[0][7]); the program's LayoutMap is the
+    lever, with the key the dump cannot tell written as a placeholder, and no edit. The step donates
+    its buffers, and is still read as JAX."""
+    findings = _plain_fix(FIXTURES / "keras-layout-map" / "jax-shardy-bad", tmp_path, "replicated-large-parameter")
+    assert findings
+    program = (PROGRAMS / "keras_layout_map.py").read_text().splitlines()
+    made = next(i for i, line in enumerate(program, 1) if "LayoutMap(" in line)
+    for finding in findings:
+        parameter = finding.message.split()[1]
+        assert finding.suggestion.jax == f'layout[r"<variable path of {parameter}>"] = {_spec_of(finding)}'
+        assert f"LayoutMap layout of line {made}" in finding.suggestion.summary
+        assert not finding.suggestion.edits and parameter in finding.suggestion.no_edit
+
+
+def _spec_of(finding) -> str:
+    return re.search(r"\] = (\(.*\))$", finding.suggestion.jax).group(1)
+
+
+def test_a_plain_nnx_dump_points_at_the_layer_built_without_partitioning(tmp_path):
+    [finding] = _plain_fix(FIXTURES / "flax-nnx-partitioning" / "jax-shardy-bad", tmp_path,
+                           "replicated-large-parameter")
+    program = (PROGRAMS / "flax_nnx_partitioning.py").read_text().splitlines()
+    # the unembed layer of the bad variant: the one nnx.Linear built without partitioning metadata
+    assert "self.unembed = nnx.Linear(" in program[55] and "with_partitioning" not in program[55]
+    assert "line 56 builds an nnx.Linear without it" in finding.suggestion.summary
+    assert finding.suggestion.jax == "<weight>_init=nnx.with_partitioning(<its initializer>, ('fsdp', None))"
+    assert not finding.suggestion.edits
+
+
+def test_a_plain_flax_dump_gets_the_rules_the_program_passes(tmp_path):
+    """The program passes ``BAD_RULES if args.variant == "bad" else HEALTHY_RULES`` to
+    nn.logical_axis_rules: of the two literals, only the bad one explains the finding (the healthy
+    one already puts 'batch' first), so the plain dump gets the fix the runner's record gives."""
+    folder = FIXTURES / "flax-linen-rules" / "jax-shardy-bad"
+    recorded = analyze_dump(folder, select=builtin_rule_ids(), jobs=1, drawings=False).findings
+    plain = _plain_fix(folder, tmp_path, "non-batch-dim-sharding")
+    assert len(plain) == len(recorded) == 1
+    assert plain[0].suggestion.jax == recorded[0].suggestion.jax
+    assert [(e.kind, e.line, e.details) for e in plain[0].suggestion.edits] == \
+        [(e.kind, e.line, e.details) for e in recorded[0].suggestion.edits]
+    assert plain[0].suggestion.edits[0].kind == "logical-rule"

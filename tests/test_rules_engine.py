@@ -209,7 +209,7 @@ def test_communication_bound_cross_host_pair():
                          hardware="h100", devices_per_host=4, rule_options=options)
     (finding,) = bad.findings
     assert finding.instruction == "all-reduce"
-    assert finding.evidence["inter_host_bytes_sent"] > 0
+    assert finding.evidence["slow_link_bytes_sent"] > 0
     assert finding.evidence["communication_fraction"] > 0.9
     assert fixed.findings == ()
 

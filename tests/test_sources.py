@@ -53,13 +53,33 @@ def _analyze(dump: Path, cwd: Path, monkeypatch: pytest.MonkeyPatch, settings: S
     return analyze_dump(dump, sources=settings, jobs=1, drawings=False)
 
 
-def _relocate(case: str, original: Report, checkout: Path, dumps: Path, plain: bool = False) -> Path:
-    """The fixture's dump under ``dumps`` and its program files (as read on the original paths)
+# Where a fixture recorded in this checkout says it was made, once copied as a dump from elsewhere.
+ELSEWHERE = "/elsewhere/recording-checkout"
+
+
+def _made_elsewhere(case: str, tmp_path: Path) -> Path:
+    """The fixture as a dump made in another checkout: itself where its recorded paths are not this
+    checkout's (CI's clean clone), else a copy whose every file names ``ELSEWHERE`` for this
+    checkout's root (the checkout that recorded the fixtures)."""
+    folder = FIXTURES / case
+    if str(ROOT) + os.sep not in (folder / "hlo_doctor_run.json").read_text():
+        return folder
+    copy = tmp_path / "recorded-elsewhere" / case.replace("/", "--")
+    shutil.copytree(folder, copy)
+    for file in copy.rglob("*"):
+        if file.is_file():
+            text = file.read_bytes()
+            file.write_bytes(text.replace(os.fsencode(str(ROOT) + os.sep), os.fsencode(ELSEWHERE + os.sep)))
+    return copy
+
+
+def _relocate(source: Path, original: Report, checkout: Path, dumps: Path, plain: bool = False) -> Path:
+    """The dump ``source`` under ``dumps`` and its program files (as read on the original paths)
     under ``checkout`` at the same place relative to it as to this repository."""
-    dump = dumps / case.replace("/", "--")
-    shutil.copytree(FIXTURES / case, dump)
+    dump = dumps / source.name
+    shutil.copytree(source, dump)
     if plain:
-        (dump / "hlo_doctor_run.json").unlink()
+        (dump / "hlo_doctor_run.json").unlink(missing_ok=True)
     for source in original.sources:
         assert source.local is not None, source
         target = checkout / Path(source.local).resolve().relative_to(ROOT)
@@ -70,17 +90,16 @@ def _relocate(case: str, original: Report, checkout: Path, dumps: Path, plain: b
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_dump_made_elsewhere_gets_the_same_fixes(case, tmp_path, monkeypatch):
-    original = _analyze(FIXTURES / case, ROOT, monkeypatch)
+    source = _made_elsewhere(case, tmp_path)
+    original = _analyze(source, ROOT, monkeypatch)
     assert original.findings and original.sources
     assert any(f.suggestion is not None and f.suggestion.edits for f in original.findings), "a fix quotes the program"
-    # The recorded paths point at the checkout that made the fixture, not at this one (in the
-    # checkout that made them, the fixtures are no dump from elsewhere).
-    if any(s.recorded.startswith(str(ROOT) + os.sep) for s in original.sources):
-        pytest.skip("the fixture was recorded in this checkout")
+    # The recorded paths point at the checkout that made the fixture, not at this one.
+    assert not any(s.recorded.startswith(str(ROOT) + os.sep) for s in original.sources)
 
     # The user's checkout is the current directory; the dump came from a cluster, elsewhere.
     checkout, incoming = tmp_path / "checkout", tmp_path / "incoming"
-    dump = _relocate(case, original, checkout, incoming)
+    dump = _relocate(source, original, checkout, incoming)
     moved = _analyze(dump, checkout, monkeypatch)
     assert [(s.recorded, s.how) for s in moved.sources] == [(s.recorded, "suffix") for s in original.sources]
     assert all(Path(s.local).resolve().is_relative_to(checkout.resolve()) for s in moved.sources)
@@ -107,15 +126,13 @@ def test_a_plain_dump_beside_its_checkout_gets_the_same_fixes(case, tmp_path, mo
     """No run record; the dump lies inside the user's project, the command runs from a sub
     folder: the files are found below the dump's parents, up to the project root."""
     plain_original = tmp_path / "plain-original"
-    shutil.copytree(FIXTURES / case, plain_original)
+    shutil.copytree(_made_elsewhere(case, tmp_path), plain_original)
     (plain_original / "hlo_doctor_run.json").unlink()
     original = _analyze(plain_original, ROOT, monkeypatch)
-    if any(s.recorded.startswith(str(ROOT) + os.sep) for s in original.sources):
-        pytest.skip("the fixture was recorded in this checkout")
     assert original.sources and all(s.how == "suffix" for s in original.sources)
 
     project = tmp_path / "project"
-    dump = _relocate(case, original, project, project / "dumps", plain=True)
+    dump = _relocate(plain_original, original, project, project / "dumps", plain=True)
     (project / "pyproject.toml").write_text("[project]\nname = 'user'\n")
     (project / "scripts").mkdir()
     moved = _analyze(dump, project / "scripts", monkeypatch)

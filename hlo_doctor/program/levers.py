@@ -42,7 +42,9 @@ __all__ = [
     "flax_logical_rule",
     "jax_argument_constraint",
     "keras_layout_key",
+    "keras_layout_template",
     "nnx_partitioning",
+    "nnx_partitioning_template",
     "parameter_respec",
     "mesh_construction_rewritten",
     "user_constraint_respec",
@@ -85,7 +87,7 @@ def _strings(node: ast.expr) -> tuple[str | None, ...] | None:
 # -- Flax linen: the logical axis rules ------------------------------------------------
 
 def flax_logical_rule(record: Mapping[str, Any] | None, source_file: str | None, source_line: int | None,
-                      dims: Sequence[DimAxes], target: str) -> Lever | None:
+                      dims: Sequence[DimAxes], target: str, programs: Sequence[str | None] = ()) -> Lever | None:
     """The logical axis rule that puts the batch back on the batch dim of a logical constraint.
 
     The constraint is the ``nn.with_logical_constraint(target, (names...))`` the program applies
@@ -93,24 +95,40 @@ def flax_logical_rule(record: Mapping[str, Any] | None, source_file: str | None,
     logical axes rule by rule, first rule first, and gives each mesh axis to one dim only: the
     rule of the batch dim's logical name must come before the rules of the other dims' names
     that take the same mesh axes.
+
+    The rules are the runner's record of them; on a dump made without the runner, the literal
+    rules the program's files (``programs``, and the finding's) pass to ``nn.logical_axis_rules``,
+    followed through names and both branches of ``A if cond else B``: of those, the one rule list
+    that explains the finding (the others already put the batch first) is taken.
     """
-    rules_entries = list(record_entries(record, "flax_logical_rules"))
     tree = parsed_program(source_file)
-    if not rules_entries or tree is None or source_line is None:
+    if tree is None or source_line is None:
         return None
+    entries = list(record_entries(record, "flax_logical_rules"))
+    if entries:
+        entry = entries[-1]
+        where = user_line(entry)
+        rules = [(str(r[0]), r[1]) for r in entry.get("rules") or () if isinstance(r, list) and len(r) == 2]
+        candidates = [(where, rules)] if where is not None and rules else []
+    else:
+        candidates = [] if record else _static_rule_lists([*programs, source_file])
     batch_dim = next((d for d, axes in enumerate(dims) if axes), None)
-    if batch_dim is None:
+    if batch_dim is None or not candidates:
         return None
-    mesh_axes = tuple(dims[batch_dim] or ())
     logical = _logical_names(tree, source_line, target)
     if logical is None or batch_dim >= len(logical) or logical[batch_dim] is None:
         return None
+    levers = [lever for where, rules in candidates
+              for lever in [_rule_first(tree, where, rules, logical, batch_dim, tuple(dims[batch_dim] or ()))] if lever]
+    return levers[0] if len({lever.code for lever in levers}) == 1 else None
+
+
+def _rule_first(tree: ast.Module, where: tuple[str, int], rules: list[tuple[str, object]],
+                logical: tuple[str | None, ...], batch_dim: int, mesh_axes: tuple[str, ...]) -> Lever | None:
+    """The rules ``rules`` (passed at ``where``) with the batch name's rule first; None when they
+    already put it ahead of every rule that competes for its mesh axes (they are not the cause)."""
     batch_name = logical[batch_dim]
-    entry = rules_entries[-1]
-    where = user_line(entry)
-    rules = [(str(r[0]), r[1]) for r in entry.get("rules") or () if isinstance(r, list) and len(r) == 2]
-    if where is None or not rules:
-        return None
+    assert batch_name is not None
 
     def axes_of(value: object) -> tuple[str, ...]:
         if isinstance(value, str):
@@ -139,16 +157,54 @@ def flax_logical_rule(record: Mapping[str, Any] | None, source_file: str | None,
     return Lever(summary, f"rules = {rules_text}", (edit,))
 
 
+# The calls that take Flax linen's logical axis rules.
+_RULES_CALLS = frozenset({"logical_axis_rules", "axis_rules", "set_logical_axis_rules"})
+
+
+def _static_rule_lists(paths: Sequence[str | None]) -> list[tuple[tuple[str, int], list[tuple[str, object]]]]:
+    """(the call's file and line, the rules) for each literal rule list a call of ``nn.logical_axis_rules``
+    in the files ``paths`` may be given."""
+    found = []
+    for path in dict.fromkeys(p for p in paths if p):
+        tree = parsed_program(path)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and call_name(node) in _RULES_CALLS and node.args:
+                found += [((path, node.lineno), rules) for rules in _rule_literals(tree, node.args[0], 4)]
+    return found
+
+
+def _rule_literals(tree: ast.Module, node: ast.expr, depth: int) -> list[list[tuple[str, object]]]:
+    """The literal rule lists ``node`` may be: itself, both branches of a conditional, or what a name
+    is assigned anywhere in the file."""
+    if depth == 0:
+        return []
+    if isinstance(node, ast.IfExp):
+        return _rule_literals(tree, node.body, depth - 1) + _rule_literals(tree, node.orelse, depth - 1)
+    if isinstance(node, ast.Name):
+        return [rules for assign in ast.walk(tree) if isinstance(assign, ast.Assign) and len(assign.targets) == 1
+                and isinstance(assign.targets[0], ast.Name) and assign.targets[0].id == node.id
+                for rules in _rule_literals(tree, assign.value, depth - 1)]
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return []
+    pairs = value if isinstance(value, (list, tuple)) else ()
+    if pairs and all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+        return [[(str(p[0]), p[1]) for p in pairs]]
+    return []
+
 
 def at_flax_rules(finding: Any, record: Mapping[str, Any] | None, dims: Sequence[DimAxes],
-                  framework: str | None) -> Any:
+                  framework: str | None, programs: Sequence[str | None] = ()) -> Any:
     """``finding`` with its fix at the Flax linen logical axis rules when the program has them (see
     :func:`flax_logical_rule`), unchanged otherwise."""
     if finding.suggestion is None or finding.source is None:
         return finding
     edit = finding.suggestion.edits[0] if finding.suggestion.edits else None
     target = edit.target if edit is not None and edit.target else ""
-    lever = flax_logical_rule(record, finding.source.file, finding.source.line, dims, target)
+    lever = flax_logical_rule(record, finding.source.file, finding.source.line, dims, target, programs)
     return with_lever(finding, lever, framework)
 
 def _rule_value(value: object) -> str:
@@ -265,6 +321,42 @@ def _keras_key(record: Mapping[str, Any] | None, path: str, shape: Sequence[int]
     return None
 
 
+def keras_layout_template(programs: Sequence[str | None], parameter: str, dims: Sequence[DimAxes]) -> Lever | None:
+    """On a dump made without the runner, whose parameters Keras names only by position
+    (``state[0][7]``): the program's LayoutMap (its one ``name = ...LayoutMap(...)`` in the files
+    ``programs``), with a key written as a placeholder after its last ``name[key] = ...`` line. The
+    dump does not say which variable the parameter is, so no edit is given."""
+    found = [(path, site) for path in dict.fromkeys(programs) if path
+             for site in [_layout_map_site(path)] if site is not None]
+    if len(found) != 1:
+        return None
+    path, (mapping, made, last) = found[0]
+    summary = (f"Keras places each variable by the LayoutMap {mapping} of line {made}, and it leaves {parameter} "
+               f"replicated: no key matches its variable path, or the key that does writes no mesh axis. Give "
+               f"that variable the layout below (a key after line {last}, or the one that matches it)")
+    no_edit = (f"the dump names the variable only by its position ({parameter}), not by its path: write its path "
+               "as the key (hlo-doctor run records the paths)")
+    return Lever(summary, f'{mapping}[r"<variable path of {parameter}>"] = {torch_spec(dims)}', (), no_edit=no_edit)
+
+
+def _layout_map_site(path: str) -> tuple[str, int, int] | None:
+    """(the LayoutMap's variable, the line that makes it, the line of its last key) of the one
+    LayoutMap the program at ``path`` makes."""
+    tree = parsed_program(path)
+    if tree is None:
+        return None
+    made = [(node.targets[0].id, node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call) and call_name(node.value).endswith("LayoutMap")]
+    if len(made) != 1:
+        return None
+    mapping, line = made[0]
+    keys = [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)
+            and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == mapping]
+    return mapping, line, max([line, *keys])
+
+
 def _layer_pattern(path: str) -> str:
     """``decoder_block_0/ffw_gating_2/kernel`` -> ``decoder_block_\\d+/ffw_gating_2/kernel``: the layer
     index of the first component generalized, the rest kept."""
@@ -313,6 +405,39 @@ def nnx_partitioning(source_file: str | None, path: str, dims: Sequence[DimAxes]
                f"(..., {spec}), so nnx.get_partition_spec shards its {leaf} like the other weights: each device holds its "
                "shard, and the partitioner gathers it where it is used (a weight gather, which can be prefetched)")
     return Lever(summary, code, (edit,))
+
+
+# NNX layers whose weights take partitioning metadata through an ``*_init`` argument.
+_NNX_LAYERS = frozenset({"Linear", "LinearGeneral", "Einsum", "Embed", "Conv", "ConvTranspose"})
+
+
+def nnx_partitioning_template(programs: Sequence[str | None], parameter: str, dims: Sequence[DimAxes]) -> Lever | None:
+    """On a dump made without the runner, whose parameters NNX names only by position
+    (``model.states[0][5]``), in a program that gives its layers ``nnx.with_partitioning``: the layer
+    constructions that give none (one of them made this weight; which one, the dump does not say),
+    and the initializer to write there. No edit."""
+    trees = [(path, tree) for path in dict.fromkeys(programs) if path
+             for tree in [parsed_program(path)] if tree is not None]
+    if not any(isinstance(c, ast.Call) and call_name(c) == "with_partitioning"
+               for _, tree in trees for c in ast.walk(tree)):
+        return None
+    bare = [(path, node.lineno, call_name(node)) for path, tree in trees for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and call_name(node) in _NNX_LAYERS
+            and not any(isinstance(c, ast.Call) and call_name(c) == "with_partitioning" for c in ast.walk(node))]
+    if not bare:
+        return None
+    spec = jax_spec(dims)[1:]
+    if not spec.endswith(",)") and spec.count(",") == 0:
+        spec = spec[:-1] + ",)"
+    where = ", ".join(f"line {line} ({layer})" for _, line, layer in bare[:4]) + (" ..." if len(bare) > 4 else "")
+    built = (f"line {bare[0][1]} builds an nnx.{bare[0][2]} without it" if len(bare) == 1
+             else f"{len(bare)} layers are built without it ({where})")
+    summary = (f"The program gives its layers partitioning metadata with nnx.with_partitioning, but {built}, and NNX "
+               f"leaves such a layer's weights replicated, as the dump shows {parameter}: wrap the initializer of the "
+               "layer that makes it, so nnx.get_partition_spec shards the weight like the others")
+    no_edit = (f"the dump names the weight only by its position ({parameter}), not by its layer: pick the layer "
+               "above that makes it (hlo-doctor run records the paths)")
+    return Lever(summary, f"<weight>_init=nnx.with_partitioning(<its initializer>, {spec})", (), no_edit=no_edit)
 
 
 # -- JAX: the traced function's argument ------------------------------------------------

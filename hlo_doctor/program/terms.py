@@ -25,9 +25,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hlo_doctor.program.source import parsed_program
+from hlo_doctor.program.source import parsed_program, program_mesh_axes
 
-__all__ = ["FRAMEWORK_NAMES", "PLACEHOLDER", "code_names", "in_program_terms", "mesh_axes_of_shape", "program_names"]
+__all__ = ["FRAMEWORK_NAMES", "PLACEHOLDER", "code_names", "in_program_terms", "mesh_axes_in", "mesh_axes_of_shape",
+           "program_names"]
 
 PLACEHOLDER = re.compile(r"<[^<>\n]+>")
 """A visible placeholder in fix code: ``<activation>``, ``<mesh>``, ``<axis 0>``."""
@@ -93,8 +94,12 @@ def _constant(node: ast.expr, constants: Mapping[str, int]) -> int | None:
 
 
 def mesh_axes_of_shape(path: str | None, sizes: Sequence[int]) -> tuple[str, ...] | None:
-    """The axis names of the one mesh construction of the program whose shape, written with
-    literals and module-level int constants (``(2, DEVICES // 2)``), is ``sizes`` (None: none or several)."""
+    """The axis names of the one mesh construction of the program whose shape is ``sizes`` (None:
+    none or several). The shape is its shape argument, or the ``.reshape(...)`` of its devices,
+    written with literals and module-level int constants (``(2, DEVICES // 2)``). An axis written
+    with size 1 is left out (a dump never shows it: ``Mesh(devices.reshape(n, 1), ('fsdp',
+    'replica'))`` is a mesh of one axis, 'fsdp'), and a size the source does not fix (``n``)
+    matches any size, its place in the construction telling which."""
     tree = parsed_program(path)
     if tree is None:
         return None
@@ -109,18 +114,51 @@ def mesh_axes_of_shape(path: str | None, sizes: Sequence[int]) -> tuple[str, ...
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         if name not in _MESH_NAMES_AT:
             continue
+        at = _MESH_NAMES_AT[name]
+        if name == "Mesh" and len(node.args) < 3:  # JAX's Mesh(devices, axis_names), not xs.Mesh(ids, shape, names)
+            at = 1
         names_node = next((k.value for k in node.keywords if k.arg in ("axis_names", "names")), None)
-        if names_node is None and len(node.args) > _MESH_NAMES_AT[name]:
-            names_node = node.args[_MESH_NAMES_AT[name]]
-        shape_node = next((k.value for k in node.keywords if k.arg in ("shape", "mesh_shape", "axis_shapes")), None)
-        if shape_node is None and len(node.args) > _MESH_NAMES_AT[name] - 1:
-            shape_node = node.args[_MESH_NAMES_AT[name] - 1]
-        if not isinstance(names_node, (ast.Tuple, ast.List)) or not isinstance(shape_node, (ast.Tuple, ast.List)):
+        if names_node is None and len(node.args) > at:
+            names_node = node.args[at]
+        shape_node = next((k.value for k in node.keywords if k.arg in ("shape", "mesh_shape", "axis_shapes",
+                                                                       "devices")), None)
+        if shape_node is None and len(node.args) > at - 1:
+            shape_node = node.args[at - 1]
+        dims = _shape_elements(shape_node)
+        if not isinstance(names_node, (ast.Tuple, ast.List)) or dims is None:
             continue
         names = [e.value for e in names_node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-        shape = [_constant(e, constants) for e in shape_node.elts]
-        if len(names) == len(names_node.elts) == len(sizes) and shape == list(sizes):
+        if len(names) != len(names_node.elts) or len(names) != len(dims):
+            continue
+        shape = [_constant(e, constants) for e in dims]
+        if len(names) == len(sizes) and shape == list(sizes):
             found.add(tuple(names))
+            continue
+        kept = [(axis, size) for axis, size in zip(names, shape, strict=True) if size != 1]
+        if len(kept) == len(sizes) and all(size in (None, want) for (_, size), want in zip(kept, sizes, strict=True)):
+            found.add(tuple(axis for axis, _ in kept))
+    return found.pop() if len(found) == 1 else None
+
+
+def _shape_elements(node: ast.expr | None) -> list[ast.expr] | None:
+    """The dims a mesh construction's shape argument writes: a tuple or list, or the arguments of
+    the ``.reshape(...)`` its devices argument ends with."""
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return list(node.elts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "reshape":
+        if len(node.args) == 1 and isinstance(node.args[0], (ast.Tuple, ast.List)):
+            return list(node.args[0].elts)
+        return list(node.args) or None
+    return None
+
+
+def mesh_axes_in(paths: Iterable[str | None], sizes: tuple[int, ...]) -> tuple[str, ...] | None:
+    """The axis names of the one mesh of shape ``sizes`` that the program's files build, read as
+    :func:`~hlo_doctor.program.source.program_mesh_axes` and :func:`mesh_axes_of_shape` read one
+    file (the mesh is often built in the script, the model in another file); None when no file
+    builds one, or the files build several with different names."""
+    found = {names for path in dict.fromkeys(paths) if path
+             for names in [program_mesh_axes(path, sizes) or mesh_axes_of_shape(path, sizes)] if names}
     return found.pop() if len(found) == 1 else None
 
 

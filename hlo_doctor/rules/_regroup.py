@@ -29,7 +29,7 @@ from hlo_doctor.program.spec_sites import spec_site
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
 from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
 from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
-from hlo_doctor.rules._program_files import dump_program, program_axis_names
+from hlo_doctor.rules._program_files import dump_program_files, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -204,10 +204,13 @@ def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_
     ``shard_output`` read from its source."""
     lever = torch_input_marks(ctx.dump.run_record, list(spec))
     if lever is None and not ctx.dump.run_record:
-        program = dump_program(ctx)
-        names = program_axis_names(ctx, program)  # positional axes -> the program's own
-        lever = torch_static_marks(program, [tuple(names.get(a, a) for a in d) if d else d for d in spec],
-                                   tuple(names.get(a, a) for a in batch_axes))
+        programs = dump_program_files(ctx)
+        names = program_axis_names(ctx, programs)  # positional axes -> the program's own
+        named_spec = [tuple(names.get(a, a) for a in d) if d else d for d in spec]
+        levers = [found for program in programs
+                  for found in [torch_static_marks(program, named_spec, tuple(names.get(a, a) for a in batch_axes))]
+                  if found is not None]
+        lever = levers[0] if len(levers) == 1 else None
     return with_lever(finding, lever, ctx.framework)
 
 

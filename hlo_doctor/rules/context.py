@@ -21,8 +21,9 @@ from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.program.locate import SourceSettings
-from hlo_doctor.program.source import program_line, program_mesh_axes
+from hlo_doctor.program.source import program_line
 from hlo_doctor.program.suggest import argument_name
+from hlo_doctor.program.terms import mesh_axes_in
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
 from hlo_doctor.semantics.cost import module_flops
@@ -161,12 +162,9 @@ class RuleContext:
         framework = record.get("framework") if isinstance(record, dict) else None
         if isinstance(framework, str):
             return framework.replace("-", "_")
-        # What the lowering wrote: torch_xla's ops carry aten/xla op types and its training steps
-        # donate buffers; JAX's op names are jit(...) scopes. The module name only breaks a tie.
-        for role in (Role.AFTER_PARTITIONING, Role.AFTER_PROPAGATION, Role.BEFORE_OPTIMIZATIONS):
-            snapshot = self.module.snapshot(role)
-            if snapshot is not None and snapshot.header_attribute("buffer_donor"):
-                return "torch_xla"
+        # What the lowering wrote: torch_xla's ops carry aten/xla op types, JAX's op names are
+        # jit(...) scopes. Without op metadata, the module name, then donated buffers (torch_xla's
+        # training steps donate; so do many JAX steps, so it only breaks a tie).
         module = self.per_device or self.sharded
         for index, (_, instruction) in enumerate(module.instructions() if module is not None else ()):
             if index > 2000:
@@ -182,6 +180,10 @@ class RuleContext:
             return "torch_xla"
         if self.module.name.startswith(("jit_", "pjit_", "xmap_")):
             return "jax"
+        for role in (Role.AFTER_PARTITIONING, Role.AFTER_PROPAGATION, Role.BEFORE_OPTIMIZATIONS):
+            snapshot = self.module.snapshot(role)
+            if snapshot is not None and snapshot.header_attribute("buffer_donor"):
+                return "torch_xla"
         return None
 
     @cached_property
@@ -207,7 +209,7 @@ class RuleContext:
         # The snapshot is parsed only when the dump's declarations do not give the mesh.
         mesh = recover_mesh(self.module, lambda: self.sharded or self.per_device, self.dump.run_record)
         if mesh is not None and mesh.is_inferred:
-            names = program_mesh_axes(self.program_path, mesh.axis_sizes)
+            names = mesh_axes_in(self.program_files, mesh.axis_sizes)
             if names is not None:  # the program's own mesh construction names the axes
                 mesh = Mesh(names, mesh.axis_sizes, mesh.device_ids, "program", mesh.name)
         return mesh
@@ -225,6 +227,42 @@ class RuleContext:
             if source is not None:
                 return source.file
         return None
+
+    @cached_property
+    def dump_program_path(self) -> str | None:
+        """:attr:`program_path`, else the user file another module of the dump names: torch_xla
+        compiles a step as several modules (the inputs' placement, then the training step), and the
+        step's ops often carry only library frames while a small module the program compiled first
+        names the program's file. The first module (smallest first) whose ops name a user file gives it."""
+        if self.program_path is not None:
+            return self.program_path
+        cache = self.dump.__dict__.setdefault("_hlo_doctor_program", {})
+        if "path" in cache:
+            return cache["path"]
+        found = None
+        for module in sorted((m for m in self.dump.modules if m is not self.module), key=_module_size):
+            if _module_size(module) > _MAX_PROGRAM_SEARCH_BYTES:
+                break
+            try:
+                found = RuleContext(self.dump, module, self.options).program_path
+            except Exception:  # noqa: BLE001 - a module that cannot be read names no file
+                found = None
+            if found is not None:
+                break
+        cache["path"] = found
+        return found
+
+    @cached_property
+    def program_files(self) -> tuple[str, ...]:
+        """The user's program files this module names: :attr:`dump_program_path` first, then every
+        other file of the module's stack-frame tables (a model file beside the script that builds
+        the mesh); library files left out. Recorded paths: read them through :mod:`hlo_doctor.program`."""
+        files = [self.dump_program_path] if self.dump_program_path else []
+        module = self.sharded or self.per_device
+        tables = module.frame_tables if module is not None else None
+        if tables is not None:
+            files += tables.file_names.values()
+        return tuple(f for f in dict.fromkeys(files) if f and not f.startswith("<") and not is_library_file(f))
 
     @cached_property
     def device_map(self) -> DeviceMap:
@@ -386,3 +424,11 @@ def short_path(path: str) -> str:
     """The last two parts of a path, for messages."""
     parts = _SPLIT.split(path)
     return os.path.join(*parts[-2:]) if len(parts) >= 2 else path
+
+
+# Do not parse a module bigger than this only to find the program's file name.
+_MAX_PROGRAM_SEARCH_BYTES = 20_000_000
+
+
+def _module_size(module: DumpModule) -> int:
+    return sum(snapshot.size for snapshot in module.snapshots)

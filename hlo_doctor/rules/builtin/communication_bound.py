@@ -68,10 +68,11 @@ class CommunicationBound(Rule):
     parallelism across hosts), tensor parallelism only inside a host.
 
     ```python
-    # JAX: FSDP inside a host, replicas across hosts
-    mesh = jax.make_mesh((num_hosts, devices_per_host), ('replica', 'fsdp'))
+    # JAX: FSDP inside a host, replicas across hosts (32 hosts of 4 chips);
+    # the axis names are yours to choose: the rule never makes them up
+    mesh = jax.make_mesh((32, 4), (<replica axis>, <fsdp axis>))
     # torch_xla
-    mesh = xs.Mesh(device_ids, (num_hosts, devices_per_host), ('replica', 'fsdp'))
+    mesh = xs.Mesh(device_ids, (32, 4), (<replica axis>, <fsdp axis>))
     ```
 
     **Options**
@@ -118,7 +119,11 @@ class CommunicationBound(Rule):
         timed = sorted(((cost.collective_seconds(r.facts) * r.facts.executions.count, r) for r in roles),
                        key=lambda c: -c[0])
         top_time, top = timed[0]
-        inter = sum(r.facts.wire_bytes_per_step for r in roles if r.facts.crosses_slow_boundary)
+        # Bytes over the slow links (between TPU slices; between hosts elsewhere), where the dump and
+        # the options tell every collective's side of them.
+        crossing = [r.facts.crosses_slow_boundary for r in roles]
+        slow = (None if None in crossing else
+                sum(r.facts.wire_bytes_per_step for r in roles if r.facts.crosses_slow_boundary))
         intensity = step.flops / total_bytes if total_bytes else 0.0
         by_role = ", ".join(f"{role} {_us(seconds)}" for role, seconds in
                             sorted(step.by_role.items(), key=lambda kv: -kv[1]) if seconds > 0)
@@ -133,6 +138,7 @@ class CommunicationBound(Rule):
             f"reshards, what prefetching cannot hide), {_us(hidden)} can overlap compute; the largest is the "
             f"{top.role} {top.facts.kind} {top.facts.instruction} ({_us(top_time)})"
         )
+        shape = _hosts_by_devices(ctx.num_partitions, ctx.devices_per_host or hardware.devices_per_host)
         yield self.finding(
             ctx,
             message,
@@ -141,9 +147,11 @@ class CommunicationBound(Rule):
             related=tuple(r.facts.instruction for _, r in timed[1:6]),
             suggestion=Suggestion(
                 summary=("Do more work per byte sent: a larger per-device batch, fewer FSDP shards (FSDP inside a "
-                         "host, replicas across hosts), tensor parallelism only inside a host."),
-                jax="mesh = jax.make_mesh((num_hosts, devices_per_host), ('replica', 'fsdp'))",
-                torch_xla="mesh = xs.Mesh(device_ids, (num_hosts, devices_per_host), ('replica', 'fsdp'))",
+                         "host, replicas across hosts), tensor parallelism only inside a host. The mesh below is "
+                         f"that layout for this step, {shape} (hosts, devices per host); its axis names are "
+                         "yours to choose."),
+                jax=f"mesh = jax.make_mesh({shape}, (<replica axis>, <fsdp axis>))",
+                torch_xla=f"mesh = xs.Mesh(device_ids, {shape}, (<replica axis>, <fsdp axis>))",
                 no_edit=("the fix is a choice of parallelism (per-device batch, mesh shape), which trades memory for "
                          "traffic: hlo-doctor gives the numbers, the choice is yours"),
             ),
@@ -156,7 +164,7 @@ class CommunicationBound(Rule):
                 "compute_seconds": step.compute_seconds,
                 "dot_flops": step.flops,
                 "collective_bytes_sent": total_bytes,
-                "inter_host_bytes_sent": inter,
+                **({"slow_link_bytes_sent": slow} if slow is not None else {}),
                 "collectives": len(roles),
                 "seconds_by_role": {k: v for k, v in step.by_role.items()},
                 "flops_per_byte": round(intensity, 2),
@@ -180,3 +188,9 @@ def _us(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def _hosts_by_devices(devices: int, per_host: int | None) -> str:
+    """The mesh shape of replicas across hosts and FSDP inside one, ``(hosts, devices per host)``;
+    placeholders where the devices per host are unknown or do not divide the devices."""
+    if per_host and devices % per_host == 0 and devices > per_host:
+        return f"({devices // per_host}, {per_host})"
+    return "(<hosts>, <devices per host>)"

@@ -10,7 +10,7 @@ from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.program.levers import mesh_construction_line, mesh_construction_rewritten
 from hlo_doctor.program.records import record_entries, user_line
-from hlo_doctor.rules._program_files import dump_program
+from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -274,9 +274,9 @@ def _mesh_edit(ctx: RuleContext, tp_axes: Sequence[str]) -> tuple[tuple[SourceEd
                      if tuple(e.get("axis_names") or ()) == mesh.axis_names]
     where = user_line(made[0]) if len(made) == 1 else None
     if where is None and not ctx.dump.run_record:  # a dump made without the runner: the source alone
-        program = dump_program(ctx)
-        line = mesh_construction_line(program, mesh.axis_names)
-        where = (program, line) if program is not None and line is not None else None
+        found = [(program, line) for program in dump_program_files(ctx)
+                 for line in [mesh_construction_line(program, mesh.axis_names)] if line is not None]
+        where = found[0] if len(found) == 1 else None
     if where is None:
         return (), ("the runner's record does not say which line of the program builds this mesh" if ctx.dump.run_record
                     else "no one mesh construction of the program names these axes")

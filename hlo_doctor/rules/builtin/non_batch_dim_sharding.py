@@ -22,6 +22,7 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
+from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts
@@ -237,7 +238,7 @@ class NonBatchDimSharding(Rule):
                 return dataclasses.replace(hooked, message=hooked.message.replace(
                     " (the op records only library frames;", f" (the op records only library frames, of {path};", 1))
         finding = with_user_variable(finding, "h")
-        at_rules = at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework)
+        at_rules = at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework, dump_program_files(ctx))
         if at_rules is not finding or finding.source is None:
             return at_rules
         # the user's own constraint a line on may be what splits the features

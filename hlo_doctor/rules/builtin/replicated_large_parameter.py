@@ -8,11 +8,19 @@ from dataclasses import dataclass
 
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
-from hlo_doctor.program.levers import keras_layout_key, nnx_partitioning, parameter_respec, with_lever
+from hlo_doctor.program.levers import (
+    keras_layout_key,
+    keras_layout_template,
+    nnx_partitioning,
+    nnx_partitioning_template,
+    parameter_respec,
+    with_lever,
+)
 from hlo_doctor.program.source import recorded_parameter_path
 from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._batch import buffer_donors
 from hlo_doctor.rules._memory import parameter_classes
+from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -286,5 +294,13 @@ def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, 
         return with_lever(finding, lever, ctx.framework)
     if path is not None:
         return with_lever(finding, nnx_partitioning(ctx.program_path, path, spec), ctx.framework)
-    return with_lever(finding, parameter_respec(ctx.program_path, target, spec, ctx.framework, ctx.traced_function),
-                      ctx.framework)
+    lever = parameter_respec(ctx.program_path, target, spec, ctx.framework, ctx.traced_function)
+    if lever is None and not record and ctx.framework == "jax":
+        # a dump made without the runner: the placement in another of the program's files (the
+        # script, beside the model), else the program's Keras LayoutMap or NNX metadata
+        programs = dump_program_files(ctx)
+        placed = [found for program in programs if program != ctx.program_path
+                  for found in [parameter_respec(program, target, spec, ctx.framework, ctx.traced_function)] if found]
+        lever = (placed[0] if len(placed) == 1 else None) or keras_layout_template(programs, name, spec) \
+            or nnx_partitioning_template(programs, name, spec)
+    return with_lever(finding, lever, ctx.framework)
