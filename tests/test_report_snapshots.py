@@ -1,7 +1,7 @@
 """Each output format against a checked-in snapshot of a real fixture's report.
 
 Regenerate on purpose with ``python -m pytest tests/test_report_snapshots.py --update-snapshots``
-and review the diff. Paths of this checkout are written as ``<repo>``.
+in a clean clone (not the checkout that compiled the fixtures) and review the diff. Paths of this checkout are written as ``<repo>``.
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ def reports():
 def test_report_matches_snapshot(
     case: str, output_format: str, reports, matches_snapshot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if recorded_root(CASES[case]) == str(ROOT):
+        # The checkout that compiled the fixtures reads their program files where they were recorded;
+        # the snapshots hold what every other checkout reads (by the recorded path's tail), as CI's
+        # clean clone does. Regenerate them in a clean clone.
+        pytest.skip("the fixture was compiled in this checkout")
     monkeypatch.chdir(ROOT)  # SARIF and annotations write paths relative to the checkout
     produced = normalize(render(reports[case], output_format, color=False, width=110), CASES[case])
     matches_snapshot(SNAPSHOTS / f"{case}.{output_format}.{SUFFIX[output_format]}", produced)
