@@ -10,6 +10,7 @@ extra. The probes at the end are small HLO modules written by hand.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,19 @@ def test_enough_fixtures_are_labelled():
 def test_roles_match_the_hand_labels(folder):
     expected = json.loads((folder / "expected_roles.json").read_text())
     partitioned, scheduled = _roles(folder)
+    assert partitioned == expected["modules"]
+    assert scheduled == expected.get("scheduled", {})
+
+
+@pytest.mark.parametrize("folder", LABELLED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_plain_dump_gets_the_same_roles(folder, tmp_path):
+    """A dump made with XLA_FLAGS alone has no runner's record (mesh names, hosts, framework,
+    parameter paths): the roles come from the dataflow, so they are the hand labels all the same."""
+    plain = tmp_path / folder.name
+    shutil.copytree(folder, plain)
+    (plain / "hlo_doctor_run.json").unlink(missing_ok=True)
+    expected = json.loads((folder / "expected_roles.json").read_text())
+    partitioned, scheduled = _roles(plain)
     assert partitioned == expected["modules"]
     assert scheduled == expected.get("scheduled", {})
 

@@ -73,11 +73,11 @@ def _made_elsewhere(case: str, tmp_path: Path) -> Path:
     return copy
 
 
-def _relocate(source: Path, original: Report, checkout: Path, dumps: Path, plain: bool = False) -> Path:
-    """The dump ``source`` under ``dumps`` and its program files (as read on the original paths)
+def _relocate(folder: Path, original: Report, checkout: Path, dumps: Path, plain: bool = False) -> Path:
+    """The dump ``folder`` under ``dumps`` and its program files (as read on the original paths)
     under ``checkout`` at the same place relative to it as to this repository."""
-    dump = dumps / source.name
-    shutil.copytree(source, dump)
+    dump = dumps / folder.name
+    shutil.copytree(folder, dump)
     if plain:
         (dump / "hlo_doctor_run.json").unlink(missing_ok=True)
     for source in original.sources:
