@@ -135,7 +135,7 @@ def test_the_layout_map_key_is_the_variables_own(tmp_path, monkeypatch):
     """The key generalizes the layer index only when every variable it then matches is unmatched
     and of the same shape, and is no key the program has; else it is the path itself."""
     monkeypatch.chdir(tmp_path)  # the program helpers read only files of the current project
-    from hlo_doctor.program.levers import keras_layout_key
+    from hlo_doctor.program.library_levers import keras_layout_key
 
     program = tmp_path / "train.py"
     program.write_text("layout = LayoutMap(mesh)\nlayout['block_1/ffw/kernel'] = (None, 'model')\n")

@@ -10,7 +10,7 @@ from hlo_doctor.graph.collectives import Collective, Form
 from hlo_doctor.graph.dataflow import NodeKey
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import Instruction, ShardingKind
-from hlo_doctor.program.levers import at_flax_rules
+from hlo_doctor.program.library_levers import at_flax_rules
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules._batch import (
     BatchAnalysis,

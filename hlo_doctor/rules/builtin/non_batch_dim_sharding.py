@@ -11,7 +11,8 @@ from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.graph.source import module_path_of
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
-from hlo_doctor.program.levers import at_flax_rules, user_constraint_respec, with_lever
+from hlo_doctor.program.levers import user_constraint_respec, with_lever
+from hlo_doctor.program.library_levers import at_flax_rules
 from hlo_doctor.program.module_hooks import forward_hook_lever
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules._batch import (

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
-from hlo_doctor.program.levers import (
+from hlo_doctor.program.levers import parameter_respec, with_lever
+from hlo_doctor.program.library_levers import (
     keras_layout_key,
     keras_layout_template,
     nnx_partitioning,
     nnx_partitioning_template,
-    parameter_respec,
-    with_lever,
 )
 from hlo_doctor.program.source import recorded_parameter_path
 from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
