@@ -294,3 +294,19 @@ def test_a_plain_flax_dump_gets_the_rules_the_program_passes(tmp_path):
     assert [(e.kind, e.line, e.details) for e in plain[0].suggestion.edits] == \
         [(e.kind, e.line, e.details) for e in recorded[0].suggestion.edits]
     assert plain[0].suggestion.edits[0].kind == "logical-rule"
+
+
+ALL_RECORDED = sorted(p.parent for p in FIXTURES.glob("*/*/hlo_doctor_run.json"))
+
+
+@pytest.mark.parametrize("folder", ALL_RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_plain_dump_is_read_as_the_framework_that_made_it(folder, tmp_path):
+    """The runner records the framework; without the record the ops' metadata says it. Flax, Keras
+    and AdamW steps donate their buffers, as torch_xla's training steps do: that is no sign."""
+    import json
+
+    from hlo_doctor.rules.context import AnalysisOptions, RuleContext
+
+    recorded = json.loads((folder / "hlo_doctor_run.json").read_text()).get("framework", "").replace("-", "_")
+    dump = load_dump(plain_copy(folder, tmp_path))
+    assert {RuleContext(dump, m, AnalysisOptions()).framework for m in dump.modules} == {recorded}
