@@ -253,6 +253,13 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
     # What the recipe also does, by design: the weights of a dim that does not divide its shard
     # count cannot be sharded on it (JAX refuses such an argument), so they stay replicated.
     allowed = ["replicated-large-parameter"] if pathology == "uneven-dim" else []
+    # The conflicting chain splits the activation's batch, sequence and hidden dims over the batch
+    # axes in turn: a dim they do not divide is padded, by design of the recipe.
+    shards = 1
+    for axis in spec.axes_with("data", "fsdp"):
+        shards *= axis.size
+    if pathology == "conflicting-constraints" and any(size % shards for size in (spec.seq, spec.hidden)):
+        allowed.append("uneven-sharding-padding")
     truth = {
         "schema_version": TRUTH_SCHEMA,
         "framework": getattr(spec, "framework", "jax"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -167,10 +168,14 @@ class ReshardChurn(Rule):
             )
         else:
             layouts = [_dims(first.before_dims)] + [_dims(s.after_dims) for s, _ in chain]
+            between = "only elementwise ops"
+            if any(node is not None and node.opcode in ("pad", "slice")
+                   for s, path in chain for node in map(s.computation.get, path)):
+                between += " and the padding of a dim the shards do not divide"
             message = (
                 f"{first.op.kind} {first.op.instruction} and {len(chain) - 1} more reshard"
                 f"{'s' if len(chain) > 2 else ''} flip one value's layout back and forth "
-                f"({' -> '.join(layouts)} per device) with only elementwise ops in between"
+                f"({' -> '.join(layouts)} per device) with {between} in between"
             )
         if extra:
             message += f"; {len(extra)} all-gather{'s' if len(extra) != 1 else ''} of the same value add to it"
@@ -316,10 +321,29 @@ def _next_reshard(step: _Reshard, by_instruction, users) -> tuple[_Reshard, set[
             fed = _feeds_reshard(computation, user, users, by_instruction)
             if fed is not None:
                 return fed, seen
-            if user.opcode in NOT_ELEMENTWISE or user.opcode in RESHARD_COLLECTIVES or user.opcode.startswith(("all-", "reduce-scatter", "collective-")):
+            if (user.opcode in NOT_ELEMENTWISE and not _padding_only(user)) or user.opcode in RESHARD_COLLECTIVES \
+                    or user.opcode.startswith(("all-", "reduce-scatter", "collective-")):
                 continue
             frontier.append(user)
     return None
+
+
+_SLICE_DIM = re.compile(r"\[0:(\d+)(?::1)?\]")
+_PAD_DIM = re.compile(r"0_(\d+)(?:_0)?")
+
+
+def _padding_only(instruction: Instruction) -> bool:
+    """A ``slice`` that keeps each dim's head, or a ``pad`` that only appends to each dim's end: what the
+    partitioner puts around a reshard of a dim its shard count does not divide (the value's content
+    unchanged, its padding dropped or added back)."""
+    if instruction.opcode == "slice":
+        text = (instruction.attribute("slice") or "").strip("{} ")
+        dims = [d.strip() for d in text.split(",")] if text else []
+        return bool(dims) and all(_SLICE_DIM.fullmatch(d) for d in dims)
+    if instruction.opcode == "pad":
+        text = instruction.attribute("padding") or ""
+        return bool(text) and all(_PAD_DIM.fullmatch(d) for d in text.split("x"))
+    return False
 
 
 def _feeds_reshard(computation: Computation, node: Instruction, users, by_instruction) -> _Reshard | None:
