@@ -315,3 +315,31 @@ def test_a_reshard_all_to_all_of_one_row_per_device_keeps_the_row_as_the_batch()
     values, entry = _batch_of_x(RESHARD_ONE_ROW)
     assert values[entry["cut"]] == {(0, 1)}
     assert values[entry["features"]] == {(0, 0)}
+
+
+_W_AT_X = """\
+HloModule per_example_layer, num_partitions=2
+
+ENTRY %main (w: f32[16,8], x: f32[4,8]) -> f32[16,4] {
+  %w = f32[16,8]{1,0} parameter(0)
+  %x = f32[4,8]{1,0} parameter(1)
+  ROOT %y = f32[16,4]{1,0} dot(%w, %x), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+"""
+
+
+def test_a_batch_input_on_the_right_of_a_known_weight():
+    """Hand-written: ``w @ x.T``, as a per-example layer under vmap writes it (Equinox's Linear). The
+    batch input meets the dot as its rhs, which alone says nothing (torch's ``x @ W.T`` puts a weight
+    there); once the step is known to update ``w``, ``x`` is the batch."""
+    from hlo_doctor.semantics.batch_dims import _follow_batch
+
+    module = parse_module(_W_AT_X)
+    graph = build_graph(module)
+    x = {1: module.entry.get("x")}
+
+    def batch(weights: frozenset[int]) -> frozenset[int]:
+        return _follow_batch(module, graph, x, {1: 4}, frozenset(), weights=weights, follow=False).matmul_inputs
+
+    assert batch(frozenset()) == frozenset()
+    assert batch(frozenset({0})) == frozenset({1})

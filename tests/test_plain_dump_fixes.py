@@ -310,3 +310,46 @@ def test_a_plain_dump_is_read_as_the_framework_that_made_it(folder, tmp_path):
     recorded = json.loads((folder / "hlo_doctor_run.json").read_text()).get("framework", "").replace("-", "_")
     dump = load_dump(plain_copy(folder, tmp_path))
     assert {RuleContext(dump, m, AnalysisOptions()).framework for m in dump.modules} == {recorded}
+
+
+def test_a_plain_equinox_dump_finds_the_constraint_in_its_ops(tmp_path):
+    """Without the runner's record, the program's own eqx.filter_shard is read from the op it left in
+    the module (op_name .../sharding_constraint, its line, its sharding over the mesh): the lever is the
+    spec it reads through two names (line 50), for the forward dot (w @ x under vmap, its product
+    transposed on the same line) and the backward one, which reaches the constraint's transpose."""
+    folder = FIXTURES / "equinox-filter-shard" / "jax-shardy-bad"
+    recorded = analyze_dump(folder, select=builtin_rule_ids(), jobs=1, drawings=False).findings
+    [finding] = _plain_fix(folder, tmp_path, "non-batch-dim-sharding")
+    assert [f.rule for f in recorded] == ["non-batch-dim-sharding"]
+    assert finding.suggestion.jax == recorded[0].suggestion.jax == "feature_sharding = NamedSharding(mesh, P('data', None))"
+    assert [(e.kind, e.line, e.old_spec, e.spec) for e in finding.suggestion.edits] == \
+        [("respec", 50, (None, ("data",)), (("data",), None))]
+    assert "dot_general.3" in finding.related and finding.evidence["symptoms"]
+
+
+_CONSTRAINED_HLO = """\
+HloModule jit_f, num_partitions=2
+
+ENTRY %main (x: f32[4,6]) -> f32[4,6] {
+  %x = f32[4,6]{1,0} parameter(0), sharding={devices=[2,1]<=[2]}
+  %c = f32[4,6]{1,0} copy(%x), sharding={devices=[1,2]<=[2]}, metadata={op_name="jit(f)/sharding_constraint" source_file="/p/train.py" source_line=12}
+  %m = f32[4,6]{1,0} custom-call(%c), custom_call_target="Sharding", sharding={devices=[2,1]<=[2]}, metadata={op_type="xla__custom_sharding" op_name="xla__custom_sharding" source_file="/p/model.py" source_line=30}
+  ROOT %n = f32[4,6]{1,0} negate(%m), sharding={devices=[2,1]<=[2]}, metadata={op_name="jit(f)/neg" source_file="/p/train.py" source_line=13}
+}
+"""
+
+
+def test_the_programs_sharding_calls_are_read_from_the_ops_they_left():
+    """Hand-written HLO: a with_sharding_constraint's copy and a mark_sharding's Sharding custom-call,
+    in the runner's record form (the spec over the mesh's axes, the global shape, the stack); other ops
+    are no call, and a mesh whose axis names are made up gives none."""
+    from hlo_doctor.graph.mesh import Mesh
+    from hlo_doctor.hlo import parse_module
+    from hlo_doctor.program.records import sharding_calls_in, user_line
+
+    module = parse_module(_CONSTRAINED_HLO)
+    calls = sharding_calls_in(module, Mesh(("data",), (2,), (0, 1), "program"))
+    assert [(c["function"], c["spec"], c["shape"], user_line(c)) for c in calls] == [
+        ("with_sharding_constraint", "P(None, 'data')", [4, 6], ("/p/train.py", 12)),
+        ("mark_sharding", "('data', None)", [4, 6], ("/p/model.py", 30))]
+    assert sharding_calls_in(module, Mesh(("axis_0",), (2,), (0, 1), "inferred")) == []

@@ -9,7 +9,7 @@ own arguments (devices, partitioner, target, XLA flags), and analyzes the new du
 findings of the fixture's rules are gone and no new warning appears.
 
 Programs whose libraries are not installed (the ``third-party`` extra: transformers,
-flax, keras) are skipped; CI runs the JAX and torch_xla ones. ``tpu-v4-llama``'s
+flax, keras, equinox) are skipped; CI runs the JAX and torch_xla ones. ``tpu-v4-llama``'s
 ``communication-bound`` has no patch: its fix is a choice of parallelism strategy the
 rule gives numbers for (``no_edit`` says so), and its fixed twin is that strategy.
 
@@ -96,6 +96,7 @@ CASES = [
     Case("keras-layout-map", "jax", "keras-layout-map/jax-shardy-bad", "shardy", needs=("keras", "keras_hub")),
     Case("keras-model-axis-across-hosts", "jax", "keras-model-axis-across-hosts/jax-shardy-bad", "shardy",
          needs=("keras", "keras_hub")),
+    Case("equinox-filter-shard", "jax", "equinox-filter-shard/jax-shardy-bad", "shardy", needs=("equinox",)),
     Case("hf-1d-params-torch-xla", "torch_xla", "hf-1d-params-torch-xla/torch_xla-bad", needs=("transformers",)),
     Case("hf-fsdpv2-torch-xla", "torch_xla", "hf-fsdpv2-torch-xla/torch_xla-bad", needs=("transformers",),
          verbatim=False, value="('replica', 'fsdp')"),

@@ -241,6 +241,12 @@ EXAMPLES: tuple[Example, ...] = (
         "'batch')): the model axis spans 2 hosts of 4 (fixed: DeviceMesh((2, 4), ('batch', 'model')))",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("keras_model_axis_across_hosts"), extra="third-party",
     ),
+    Example(
+        "equinox-filter-shard",
+        "Equinox FSDP MLP (per-example eqx.nn.Linear under vmap) whose hidden activations "
+        "eqx.filter_shard puts on P(None, 'data'), a feature dim (fixed: P('data', None))",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("equinox_filter_shard"), extra="third-party",
+    ),
 )
 
 _BY_NAME = {example.name: example for example in EXAMPLES}

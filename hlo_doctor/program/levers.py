@@ -116,13 +116,16 @@ _NO_LINE = " (the dump records only library frames for this op, no line of your 
 
 def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | None, source_line: int | None,
                            shape: Sequence[int], batch_dim: int, dims: Sequence[DimAxes],
-                           framework: str | None) -> Lever | None:
+                           framework: str | None, constraint_line: int | None = None) -> Lever | None:
     """The program's own constraint on this value, a few lines on, that splits a feature dim and
     leaves the batch dim whole: the fix is its spec, written where the program writes it.
 
     The runner records each ``with_sharding_constraint`` / ``mark_sharding`` call with its
-    spec, the value's shape and the stack; the one that counts is the first after the
-    finding's line, in its file, on a value of the dot's shape.
+    spec, the value's shape and the stack (a dump made without the runner keeps them in its ops:
+    :func:`~hlo_doctor.program.records.sharding_calls_in`); the one that counts is the first after
+    the finding's line, in its file, on a value of the dot's shape, or the one on
+    ``constraint_line``: the constraint the value reaches in the dataflow (a gradient's dot,
+    whose line is its layer's, reaches the transpose of the constraint before it).
     """
     if source_file is None or source_line is None or framework not in ("jax", "torch_xla"):
         return None
@@ -133,14 +136,14 @@ def user_constraint_respec(record: Mapping[str, Any] | None, source_file: str | 
         if where is None or spec is None or tuple(call.get("shape") or ()) != tuple(shape):
             continue
         file, line = where
-        if file != source_file or not source_line < line <= source_line + 5:
+        if file != source_file or not (source_line < line <= source_line + 5 or line == constraint_line):
             continue
         whole_batch = batch_dim >= len(spec) or spec[batch_dim] is None
         if whole_batch and any(axes for d, axes in enumerate(spec) if d != batch_dim):
             candidates.append((line, spec))
     if not candidates:
         return None
-    line, old_spec = min(candidates)
+    line, old_spec = min(candidates, key=lambda c: (c[0] != constraint_line, c[0]))
     site = spec_site(source_file, line, old_spec)
     if site is None:
         return None

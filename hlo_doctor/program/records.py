@@ -5,6 +5,10 @@ program built, each Flax logical axis rules context, each Keras ``LayoutMap``
 entry and each ``nn.Module`` call, the Python stack where it happened. A fix
 that changes one of those goes at the innermost frame of the user's own code
 (the outermost frames are the runner's bootstrap; library frames are skipped).
+
+A dump made without the runner holds the program's own sharding calls too:
+:func:`sharding_calls_in` reads them from the ops a ``with_sharding_constraint``
+or ``mark_sharding`` leaves in the module, in the record's form.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.graph.source import is_library_file
+from hlo_doctor.hlo.ir import HloModule, Instruction, ShardingKind
 
-__all__ = ["record_entries", "recorded_program", "user_line"]
+__all__ = ["record_entries", "recorded_program", "sharding_call_of", "sharding_calls_in", "user_line"]
 
 
 def user_line(entry: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -48,3 +54,45 @@ def recorded_program(record: Mapping[str, Any] | None) -> str | None:
     script = record.get("script") if isinstance(record, Mapping) else None
     path = script.get("path") if isinstance(script, Mapping) else None
     return path if isinstance(path, str) else None
+
+
+def sharding_calls_in(module: HloModule, mesh: Mesh | None) -> list[dict[str, Any]]:
+    """The program's own sharding calls as ``module`` (a global-shape module: after propagation)
+    keeps them, in the runner's record form (``function``, ``spec``, ``shape``, ``stack``): each op
+    JAX's ``with_sharding_constraint`` leaves (its op_name ends in ``sharding_constraint``) or
+    torch_xla's ``mark_sharding`` (a ``Sharding`` custom-call of op type ``xla__custom_sharding``),
+    with its sharding written over the mesh's axes. None when the mesh's axis names are made up."""
+    if mesh is None or mesh.is_inferred:
+        return []
+    calls: dict[str, dict[str, Any]] = {}
+    for _, instruction in module.instructions():
+        function = sharding_call_of(instruction)
+        sharding = instruction.sharding
+        source = instruction.source
+        if function is None or sharding is None or sharding.kind is not ShardingKind.TILED or source is None \
+                or instruction.shape.is_tuple:
+            continue
+        per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+        if per_dim is None:
+            continue
+        entries = ["None" if not axes else repr(axes[0]) if len(axes) == 1 else repr(tuple(axes)) for axes in per_dim]
+        written = ", ".join(entries) + ("," if len(entries) == 1 else "")
+        call = {"function": function, "spec": f"P({written})" if function == "with_sharding_constraint" else f"({written})",
+                "shape": list(instruction.shape.dims),
+                "stack": [{"file": f.file, "line": f.line} for f in source.frames or ()]}
+        calls.setdefault(repr(call), call)
+    return list(calls.values())
+
+
+def sharding_call_of(instruction: Instruction) -> str | None:
+    """``with_sharding_constraint`` or ``mark_sharding`` when ``instruction`` is what that call of the
+    program left in the module (by its metadata), else None."""
+    metadata = instruction.metadata
+    if metadata is None:
+        return None
+    if (metadata.op_name or "").rsplit("/", 1)[-1] == "sharding_constraint":
+        return "with_sharding_constraint"
+    if metadata.op_type == "xla__custom_sharding" and instruction.opcode == "custom-call" \
+            and instruction.attribute("custom_call_target") == '"Sharding"':
+        return "mark_sharding"
+    return None

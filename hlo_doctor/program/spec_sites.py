@@ -30,8 +30,10 @@ __all__ = ["AxesSite", "SpecSite", "axes_site", "parameter_axes_site", "paramete
 
 Spec = tuple[tuple[str, ...] | None, ...]
 _SPEC_CALLS = ("P", "PartitionSpec")
+# The sharding calls and where they take the sharding (Equinox's ``eqx.filter_shard(x, sharding)``
+# is ``with_sharding_constraint`` over a pytree's arrays).
 _SHARDING_ARGUMENT = {"with_sharding_constraint": 1, "device_put": 1, "NamedSharding": 1, "mark_sharding": 2,
-                      "ShapeDtypeStruct": 2}
+                      "ShapeDtypeStruct": 2, "filter_shard": 1}
 _MAX_HOPS = 4
 
 

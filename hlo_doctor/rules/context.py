@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hlo_doctor.dump import Dump, DumpModule, Role
 from hlo_doctor.graph.collectives import Collective, find_collectives
@@ -21,6 +22,7 @@ from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.program.locate import SourceSettings
+from hlo_doctor.program.records import record_entries, sharding_calls_in
 from hlo_doctor.program.source import program_line
 from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.program.terms import mesh_axes_in
@@ -263,6 +265,16 @@ class RuleContext:
         if tables is not None:
             files += tables.file_names.values()
         return tuple(f for f in dict.fromkeys(files) if f and not f.startswith("<") and not is_library_file(f))
+
+    @cached_property
+    def sharding_calls(self) -> list[Mapping[str, Any]]:
+        """The program's ``with_sharding_constraint`` / ``mark_sharding`` calls: the runner's record of
+        them, else (a dump made without the runner) the ones the after-propagation module keeps
+        (:func:`hlo_doctor.program.records.sharding_calls_in`)."""
+        if self.dump.run_record:
+            return list(record_entries(self.dump.run_record, "sharding_calls"))
+        module = self.sharded
+        return list(sharding_calls_in(module, self.mesh)) if module is not None else []
 
     @cached_property
     def device_map(self) -> DeviceMap:

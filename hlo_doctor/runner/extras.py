@@ -21,7 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "gpu-target": ("jax_cuda12_plugin", "jax_plugins.xla_cuda12"),
     "tpu-target": ("libtpu",),
     # the gallery's third-party programs (Example.extra)
-    "third-party": ("transformers", "flax", "optax", "keras", "keras_hub"),
+    "third-party": ("transformers", "flax", "optax", "keras", "keras_hub", "equinox"),
 }
 
 

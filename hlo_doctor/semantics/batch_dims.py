@@ -148,12 +148,16 @@ def analyze_batch(
     require_sharded: bool = True,
     exclude: frozenset[int] = frozenset(),
     follow: bool = True,
+    weights: frozenset[int] = frozenset(),
 ) -> BatchAnalysis:
     """Find the batch inputs of ``module`` and follow their batch dim (see the module docstring).
 
     With ``require_sharded=False`` an unsharded parameter may be a batch input too (used to
     tell data from weights); parameters in ``exclude`` never are. With ``follow=False`` only
-    the batch inputs are found (``values`` stay empty).
+    the batch inputs are found (``values`` stay empty). ``weights`` are parameters known to be
+    weights (the step updates them): a candidate that meets one of them in a dot on a free dim
+    is a batch input on either side of the dot (``w @ x.T``, as a per-example layer under
+    ``vmap`` writes it), not only as its lhs.
     """
     entry = module.entry
     donors = buffer_donors(ctx) | exclude
@@ -177,7 +181,7 @@ def analyze_batch(
             if tiles[0] > 1 or not require_sharded:
                 candidates[number] = param
                 global_batch[number] = shape.dims[0] * tiles[0] if per_device else shape.dims[0]
-    return _follow_batch(module, graph, candidates, global_batch, donors, follow=follow)
+    return _follow_batch(module, graph, candidates, global_batch, donors, follow=follow, weights=weights)
 
 
 def analyze_data_batch(
@@ -220,6 +224,7 @@ def _follow_batch(
     keep_all: bool = False,
     follow: bool = True,
     find: bool = True,
+    weights: frozenset[int] = frozenset(),
 ) -> BatchAnalysis:
     # First each candidate's dim 0 up to the dots it reaches directly: a weight meets them as the rhs
     # (and its output features, which may be a later dot's head/batch dims, must not count); then the
@@ -233,7 +238,7 @@ def _follow_batch(
     batch: set[int] = set()
     if find:  # the first pass only tells which candidates are batch inputs
         first, touched = propagation.run(seeds, through_dots=False)
-        batch = _batch_inputs(graph, first, touched, set(candidates))
+        batch = _batch_inputs(graph, first, touched, set(candidates), weights)
     kept = set(candidates) if keep_all else batch
     if follow:
         values, _ = propagation.run({k: v for k, v in seeds.items() if next(iter(v))[0] in kept},
@@ -246,10 +251,15 @@ def _follow_batch(
     return result
 
 
-def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], candidates: set[int]) -> set[int]:
+def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], candidates: set[int],
+                  weights: frozenset[int] = frozenset()) -> set[int]:
     """The candidates whose pairs reach a dot's lhs on a free or batch dim while the rhs does not
-    derive from them. Read from the bits (one block of parameters per dim), not from decoded sets
-    of pairs: a deep activation carries pairs of the data inputs of every layer before it."""
+    derive from them; or its rhs so, while the lhs derives from a known weight (``w @ x.T``). Read
+    from the bits (one block of parameters per dim), not from decoded sets of pairs: a deep
+    activation carries pairs of the data inputs of every layer before it."""
+    weight_bits = 0
+    for number in weights:
+        weight_bits |= 1 << number
     found: set[int] = set()
     instruction_at = graph.instruction_at
     coding, bits = values.coding, values.bits
@@ -263,20 +273,24 @@ def _batch_inputs(graph: DataflowGraph, values: PairValues, touched: list[int], 
         lhs, rhs = graph.operand_ids[node][:2]
         if NO_NODE in (lhs, rhs):
             continue
-        lhs_bits = bits[lhs]
-        if lhs_bits.__class__ is not int or not lhs_bits:  # a tuple, or no pairs
-            continue
         roles = graph.dot_dims(node)
         if roles is None:
             continue
-        lhs_roles = roles.roles[0]
-        for dim, block in coding.blocks(lhs_bits):
-            if dim >= len(lhs_roles) or lhs_roles[dim].role not in ("free", "batch"):
+        sides = [(lhs, rhs, 0)]
+        if weight_bits and graph.parameter_bits(lhs) & weight_bits:
+            sides.append((rhs, lhs, 1))
+        for side, other, position in sides:
+            side_bits = bits[side]
+            if side_bits.__class__ is not int or not side_bits:  # a tuple, or no pairs
                 continue
-            for index in set_bits(block):
-                param = numbers[index]
-                if param not in found and param in candidates and not graph.parameter_bits(rhs) >> param & 1:
-                    found.add(param)
+            side_roles = roles.roles[position]
+            for dim, block in coding.blocks(side_bits):
+                if dim >= len(side_roles) or side_roles[dim].role not in ("free", "batch"):
+                    continue
+                for index in set_bits(block):
+                    param = numbers[index]
+                    if param not in found and param in candidates and not graph.parameter_bits(other) >> param & 1:
+                        found.add(param)
     return found
 
 

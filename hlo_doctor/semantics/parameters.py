@@ -31,7 +31,7 @@ from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors, contracted_inputs, meets_batch
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names"]
+__all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names", "updated_parameters"]
 
 _ALIAS = re.compile(r"\}\s*:\s*\(\s*(\d+)\s*,")
 # Ops through which an updated weight keeps its identity (an optimizer's elementwise update).
@@ -93,7 +93,7 @@ def classify_parameters(view: ModuleView, module: HloModule, graph: DataflowGrap
         # A training step that donates its state: what it does not update is its input.
         data |= _numbers(arrays) - state
     elif not donors:
-        updated = _updated(module, graph, params) - data - scalars
+        updated = updated_parameters(module, graph, params) - data - scalars
         batch = analyze_batch(view, module, graph, per_device=True, require_sharded=False,
                               exclude=frozenset(state) | frozenset(data), follow=False)
         sources = set(batch.matmul_inputs)
@@ -210,7 +210,7 @@ def _aliased(view: ModuleView) -> set[int]:
     return set()
 
 
-def _updated(module: HloModule, graph: DataflowGraph, params: list[Instruction]) -> set[int]:
+def updated_parameters(module: HloModule, graph: DataflowGraph, params: list[Instruction]) -> set[int]:
     """Parameters that reach an output of their own shape through elementwise update ops only, one of
     them arithmetic (``w - lr * g``; a cache written by ``dynamic-update-slice`` alone is not updated)."""
     entry = module.entry

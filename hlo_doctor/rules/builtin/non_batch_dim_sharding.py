@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
-from hlo_doctor.graph.source import module_path_of
+from hlo_doctor.graph.source import module_path_of, user_frame
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
 from hlo_doctor.program.levers import user_constraint_respec, with_lever
 from hlo_doctor.program.library_levers import at_flax_rules
 from hlo_doctor.program.module_hooks import forward_hook_lever
+from hlo_doctor.program.records import sharding_call_of
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, with_user_variable
 from hlo_doctor.rules._batch import (
     BatchAnalysis,
@@ -27,7 +28,8 @@ from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts
-from hlo_doctor.semantics.opclasses import MATMULS
+from hlo_doctor.semantics.opclasses import MATMULS, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
+from hlo_doctor.semantics.parameters import updated_parameters
 
 _DOTS = MATMULS
 
@@ -123,7 +125,11 @@ class NonBatchDimSharding(Rule):
         # the shared graph when ctx.sharded is this after-propagation module (it is whenever one exists)
         graph = ctx.sharded_graph if ctx.sharded is module else None
         graph = graph if graph is not None else build_graph(module)
-        analysis = analyze_batch(ctx, module, graph, per_device=False)
+        # A parameter the step updates is a weight, never the batch: a weight applied as ``w @ x.T``
+        # (Equinox's per-example Linear under vmap) has its dim 0 free, as a batch input's is.
+        updated = updated_parameters(module, graph, module.entry.parameters())
+        analysis = analyze_batch(ctx, module, graph, per_device=False, exclude=frozenset(updated),
+                                 weights=frozenset(updated))
         if not analysis.batch_inputs:
             return
         judged = []
@@ -189,8 +195,9 @@ class NonBatchDimSharding(Rule):
         )
         axes = batch_axes(ctx, analysis, param)
         input_name = parameter_name(ctx, analysis.inputs[param])
-        spec: list = [None] * dot.shape.rank
-        spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
+        value, value_dim = _value_of_line(ctx, analysis, computation, dot, batch_dim, param)
+        spec: list = [None] * value.shape.rank
+        spec[value_dim] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
         name = partitioned_name or dot.name
         message = (
@@ -203,6 +210,10 @@ class NonBatchDimSharding(Rule):
         summary = (
             f"Constrain the output of {dot.name} (the activation h) to stay batch-sharded over "
             f"{axes_text(axes)} on dim {batch_dim}, as its input is."
+        ) if value is dot else (
+            f"Constrain the activation h that this line makes of {dot.name}'s output ({value.opcode} to "
+            f"{value.shape}, its batch on dim {value_dim}) to stay batch-sharded over {axes_text(axes)}, as its "
+            "input is."
         )
         finding = self.finding(
             ctx,
@@ -243,9 +254,60 @@ class NonBatchDimSharding(Rule):
         if at_rules is not finding or finding.source is None:
             return at_rules
         # the user's own constraint a line on may be what splits the features
-        lever = user_constraint_respec(ctx.dump.run_record, finding.source.file, finding.source.line,
-                                       dot.shape.dims, batch_dim, spec, ctx.framework)
+        lever = user_constraint_respec({"sharding_calls": ctx.sharding_calls}, finding.source.file, finding.source.line,
+                                       value.shape.dims, value_dim, spec, ctx.framework,
+                                       _constraint_reached(ctx, analysis, computation, value))
         return with_lever(finding, lever, ctx.framework)
+
+
+def _value_of_line(ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction, batch_dim: int,
+                   param: int) -> tuple[Instruction, int]:
+    """The value the dot's source line makes, and its batch dim: the dot itself, or what the same
+    line makes of it by layout ops alone (a per-example layer under ``vmap`` writes ``w @ x`` and
+    transposes the ``[features, batch]`` product to the batch-major value the line assigns)."""
+    source = ctx.user_source(dot)[0]
+    body = analysis.module.computation(computation)
+    if source is None or body is None:
+        return dot, batch_dim
+    users = body.users()
+    current, dim = dot, batch_dim
+    for _ in range(4):
+        following = users.get(current.name, [])
+        if len(following) != 1 or following[0].opcode not in ("transpose", "copy", "bitcast"):
+            break
+        step = following[0]
+        where = ctx.user_source(step)[0]
+        dims = [d for d, p in analysis.batch_dims((computation, step.name)).items() if p == param]
+        if where is None or (where.file, where.line) != (source.file, source.line) or len(dims) != 1:
+            break
+        current, dim = step, dims[0]
+    return current, dim
+
+
+def _constraint_reached(ctx: RuleContext, analysis: BatchAnalysis, computation: str, value: Instruction) -> int | None:
+    """The line of the program's own sharding constraint that ``value`` reaches through elementwise
+    and layout ops alone, on a value of its shape and sharding (what set its sharding), or None."""
+    body = analysis.module.computation(computation)
+    if body is None or value.sharding is None:
+        return None
+    users = body.users()
+    frontier, seen = [value], {value.name}
+    while frontier and len(seen) < 32:
+        current = frontier.pop(0)
+        for user in users.get(current.name, []):
+            if user.name in seen:
+                continue
+            seen.add(user.name)
+            if sharding_call_of(user) is not None:
+                if user.shape.dims == value.shape.dims and user.sharding is not None \
+                        and user.sharding.tile_assignment == value.sharding.tile_assignment:
+                    where = user_frame(user.source)
+                    return where.line if where is not None else None
+                continue
+            if user.opcode in NOT_ELEMENTWISE or user.opcode in RESHARD_COLLECTIVES or user.shape.is_tuple:
+                continue
+            frontier.append(user)
+    return None
 
 
 def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:

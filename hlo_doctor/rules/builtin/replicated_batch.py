@@ -14,7 +14,7 @@ from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.attr_sharding import parse_sharding
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind, attribute_of_each
 from hlo_doctor.program.levers import jax_argument_constraint
-from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.records import user_line
 from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
 from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
@@ -513,7 +513,7 @@ def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, bat
     if edit is None:
         return dataclasses.replace(finding, suggestion=dataclasses.replace(
             suggestion, no_edit=f"the program's traced function with the argument {variable} was not found"))
-    pinned = _pinning_constraints(ctx.dump.run_record, batch_axes, rows)
+    pinned = _pinning_constraints(ctx.sharding_calls, batch_axes, rows)
     if not pinned:
         return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, edits=(edit,)))
     combined = spec[0]
@@ -551,13 +551,14 @@ def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, bat
                                                                        edits=tuple(edits)))
 
 
-def _pinning_constraints(record, batch_axes: tuple[str, ...], rows: int) -> dict[tuple[str, int], tuple]:
-    """The user's lines whose recorded ``with_sharding_constraint`` puts a ``rows``-long dim 0 on
-    exactly ``batch_axes`` (the axes the batch is split over today), with the spec they write."""
+def _pinning_constraints(calls, batch_axes: tuple[str, ...], rows: int) -> dict[tuple[str, int], tuple]:
+    """The user's lines whose ``with_sharding_constraint`` (``calls``: :attr:`RuleContext.sharding_calls`)
+    puts a ``rows``-long dim 0 on exactly ``batch_axes`` (the axes the batch is split over today), with
+    the spec they write."""
     found: dict[tuple[str, int], tuple] = {}
     if not batch_axes:
         return found
-    for call in record_entries(record, "sharding_calls"):
+    for call in calls:
         spec = parse_spec_text(str(call.get("spec", "")))
         shape = call.get("shape") or ()
         where = user_line(call)

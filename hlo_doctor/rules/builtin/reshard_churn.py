@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Computation, Instruction
-from hlo_doctor.program.records import record_entries, user_line
+from hlo_doctor.program.records import user_line
 from hlo_doctor.program.spec_sites import normalize, parse_spec_text
 from hlo_doctor.program.suggest import constraint_code, jax_spec, spec_tuple, torch_spec, with_user_variable
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
@@ -416,7 +416,7 @@ def _one_layout(ctx: RuleContext, instruction: Instruction | None, spec: list,
     if source is None:
         return (), _NO_EDIT, ""
     written = set()
-    for call in record_entries(ctx.dump.run_record, "sharding_calls"):
+    for call in ctx.sharding_calls:
         recorded = parse_spec_text(str(call.get("spec", "")))
         shape = call.get("shape") or ()
         if user_line(call) == (source.file, source.line) and recorded is not None and len(shape) == len(spec):
