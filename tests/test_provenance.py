@@ -100,9 +100,18 @@ _REGROUP_GAP = pytest.mark.xfail(strict=True, reason="explain misses the 'data' 
                                                      "replicated-batch-regrouped step")
 
 
+# The Equinox step (eqx.filter_jit(donate="all")): Shardy traces the 'data' sharding of its first
+# parameter (w1, f32[512,256]) to output 0, the updated model it donates into; explain calls it the
+# parameter's own: a known gap, tracked strictly.
+_EQUINOX_GAP = pytest.mark.xfail(strict=True, reason="explain names a donated parameter's own sharding where "
+                                                     "Shardy traces it to the output it is donated into")
+
+
 def _gap_of(folder: Path):  # noqa: ANN202
     if folder.parent.name.startswith("keras-"):
         return _KERAS_GAP
+    if folder.parent.name == "equinox-filter-shard":
+        return _EQUINOX_GAP
     if folder.parent.name == "replicated-adamw-state" and folder.name.endswith("-bad"):
         return _ADAMW_GAP
     if folder.parent.name == "replicated-batch-regrouped" and folder.name.endswith("-bad"):

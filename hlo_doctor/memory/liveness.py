@@ -89,6 +89,16 @@ def _own_size(instruction: Instruction) -> int:
     return _default_space_bytes(instruction.shape)
 
 
+# XLA places each temporary buffer in its heap at an offset aligned to this many bytes (the CPU
+# backend's heap offsets are multiples of 64; GPU and TPU align at least as coarsely): a small
+# module's peak is mostly that padding. Parameters, constants and outputs get their own allocations.
+_ALIGNMENT = 64
+
+
+def _aligned(size: int) -> int:
+    return -(-size // _ALIGNMENT) * _ALIGNMENT
+
+
 def _ranges(computation: Computation) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
     """Each instruction's (definition, last use) and, for a view, the buffer it shares."""
     owner: dict[str, str] = {}
@@ -146,6 +156,8 @@ def _liveness(module: HloModule, computation: Computation, depth: int, *, count_
         start, end = ranges.get(instruction.name, (position, position))
         if instruction.name in outputs:
             end = length
+        elif instruction.opcode not in ("parameter", "constant"):
+            size = _aligned(size)
         values.append(LiveValue(instruction.name, size, start, end))
     peak, peak_at = _sweep(values, nested, length)
     return Liveness(tuple(values), nested, length, peak, peak_at)
