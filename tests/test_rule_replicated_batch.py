@@ -167,3 +167,40 @@ def test_a_batch_regrouped_off_an_axis_mid_graph_is_found_at_its_constraint(tmp_
 def test_a_batch_kept_on_every_axis_is_not_regrouped(tmp_path):
     kept = _REGROUPED.replace("{devices=[2,1,2]<=[4] last_tile_dim_replicate}", "{devices=[4,1]<=[4]}")
     assert analyze_dump(_probe(tmp_path, kept), select=["replicated-batch"]).findings == ()
+
+
+_WEIGHT_UPDATE_CONSTRAINT = """\
+HloModule jit_step, num_partitions=8
+
+ENTRY %main (w: f32[64,32], x: f32[16,32]) -> f32[64,32] {
+  %w = f32[64,32]{1,0} parameter(0), sharding={devices=[1,4,2]<=[2,4]T(1,0) last_tile_dim_replicate}
+  %x = f32[16,32]{1,0} parameter(1), sharding={devices=[8,1]<=[8]}
+  %h = f32[16,64]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  %g = f32[64,32]{1,0} dot(%h, %x), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %lr = f32[] constant(0.001)
+  %b = f32[64,32]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[64,32]{1,0} multiply(%g, %b)
+  %new = f32[64,32]{1,0} subtract(%w, %step)
+  ROOT %placed = f32[64,32]{1,0} copy(%new), sharding={devices=[1,4,2]<=[2,4]T(1,0) last_tile_dim_replicate}, metadata={op_name="jit(step)/sharding_constraint"}
+}
+"""
+
+
+def test_a_weights_update_placed_over_a_batch_axis_is_no_regroup():
+    """Hand-written HLO: the step's new weight (w - lr * g, its gradient derived from the batch) is
+    constrained over 'fsdp', a batch axis; it carries no batch dim, so it is not where the batch leaves
+    'dp' (an Equinox step that re-places its model with eqx.filter_shard was reported so)."""
+    from hlo_doctor.graph.dataflow import build_graph
+    from hlo_doctor.graph.mesh import Mesh
+    from hlo_doctor.hlo import parse_module
+    from hlo_doctor.rules._regroup import regroup_site
+    from hlo_doctor.semantics.parameters import EntryParameters
+
+    module = parse_module(_WEIGHT_UPDATE_CONSTRAINT)
+    mesh = Mesh(("dp", "fsdp"), (2, 4), tuple(range(8)), "program")
+    params = EntryParameters(frozenset({0}), frozenset({1}), frozenset(), frozenset({0}), {})
+    graph = build_graph(module)
+    assert regroup_site(module, graph, params, mesh, "dp", {"dp", "fsdp"}) is None
+    # the same constraint on data's value would be a regroup: the guard is the weight, not the op
+    as_data = EntryParameters(frozenset(), frozenset({0, 1}), frozenset(), frozenset(), {})
+    assert regroup_site(module, graph, as_data, mesh, "dp", {"dp", "fsdp"}) is not None

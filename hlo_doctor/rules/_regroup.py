@@ -34,6 +34,7 @@ from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
+from hlo_doctor.semantics.opclasses import NOT_ELEMENTWISE
 from hlo_doctor.semantics.parameters import EntryParameters
 
 __all__ = ["Regroup", "propagated_batch", "regroup_site", "regrouped_batch", "rows_repeated", "torch_batch_lever"]
@@ -67,6 +68,28 @@ def is_constraint(instruction: Instruction) -> bool:
         return (instruction.attribute("custom_call_target") or "").strip('"') in ("Sharding", "xla.sdy.ShardingConstraint")
     op_name = instruction.metadata.op_name if instruction.metadata is not None else ""
     return instruction.opcode == "copy" and (op_name or "").rsplit("/", 1)[-1] == "sharding_constraint"
+
+
+def _a_weights_update(computation, constraint: Instruction, weights: frozenset[int]) -> bool:  # noqa: ANN001
+    """Whether the constrained value is a weight's own value changed elementwise (``w - lr * g``): a
+    weight parameter reached from the constraint through elementwise and layout ops alone."""
+    stack, seen = list(constraint.operands), set()
+    while stack and len(seen) < 64:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = computation.get(name)
+        if node is None:
+            continue
+        if node.opcode == "parameter":
+            if node.parameter_number in weights:
+                return True
+            continue
+        if node.opcode in NOT_ELEMENTWISE or node.shape.is_tuple:
+            continue
+        stack.extend(node.operands)
+    return False
 
 
 def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh, axis: str,
@@ -103,6 +126,8 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
         tracked = batch.batch_dims((computation.name, instruction.name)) if batch is not None else {}
         if tracked:
             batch_dim = min(tracked)
+        elif _a_weights_update(computation, instruction, params.weights):
+            continue  # the step's new weight (w - lr * g), placed over the FSDP axis: no batch in it
         elif sharding.kind is ShardingKind.TILED:
             batch_dim = next((d for d, dims in enumerate(spec) if set(dims) & batch_axes), None)
             if batch_dim is None:
