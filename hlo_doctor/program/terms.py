@@ -271,43 +271,19 @@ def _edit_axes(edit: Any) -> set[str]:
     return axes
 
 
-def _axes_renamed(finding: Any, names: Mapping[str, str]) -> Any:
-    """``finding``'s suggestion (code, summary, edits) with each quoted positional axis written as
-    the program's name for it."""
-    suggestion = finding.suggestion
-
-    def text(value: str | None) -> str | None:
-        for old, new in names.items():
-            if value:
-                value = re.sub(rf"(['\"]){re.escape(old)}\1", rf"\g<1>{new}\g<1>", value)
-        return value
-
-    def spec(value: Any) -> Any:
-        return None if value is None else tuple(
-            None if dim is None else tuple(names.get(a, a) for a in dim) for dim in value)
-
-    edits = tuple(dataclasses.replace(e, spec=spec(e.spec), old_spec=spec(e.old_spec)) for e in suggestion.edits)
-    return dataclasses.replace(finding, suggestion=dataclasses.replace(
-        suggestion, summary=text(suggestion.summary) or suggestion.summary, jax=text(suggestion.jax),
-        torch_xla=text(suggestion.torch_xla), edits=edits))
-
-
 def in_program_terms(finding: Any, programs: Iterable[str | None], positional_axes: Sequence[str] = (),
-                     program_axes: Sequence[str] | None = None, framework: str | None = None) -> Any:
+                     framework: str | None = None) -> Any:
     """``finding`` with its fix code naming only what the program names (module docstring).
 
     ``programs``: the program's files (the script, the finding's file); ``positional_axes``: the
-    made-up names of a mesh the dump does not name (empty when the names are the program's);
-    ``program_axes``: the names the program's own mesh construction gives those axes, in order
-    (None: it names none, and the axes are written as placeholders); ``framework``: the dump's
+    made-up names of a mesh the dump does not name and no mesh construction of the program names
+    (empty when the names are the program's: the rule context's mesh already carries the names a
+    construction gives, see :func:`mesh_axes_in`), written as placeholders; ``framework``: the dump's
     (``jax``, ``torch_xla``), whose code the reports print: the summary tells only what that code
     lacks (both codes get placeholders)."""
     suggestion = finding.suggestion
     if suggestion is None or not (suggestion.jax or suggestion.torch_xla):
         return finding
-    if positional_axes and program_axes is not None and len(program_axes) == len(positional_axes):
-        finding = _axes_renamed(finding, dict(zip(positional_axes, program_axes, strict=True)))
-        suggestion, positional_axes = finding.suggestion, ()
     source = finding.source
     known = program_names([*programs, source.file if source is not None else None])
     missing: list[str] = []

@@ -29,13 +29,11 @@ from hlo_doctor.program.spec_sites import spec_site
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
 from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
 from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
-from hlo_doctor.rules._program_files import dump_program_files, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
-from hlo_doctor.semantics.opclasses import NOT_ELEMENTWISE
-from hlo_doctor.semantics.parameters import EntryParameters
+from hlo_doctor.semantics.parameters import EntryParameters, updates_of
 
 __all__ = ["Regroup", "propagated_batch", "regroup_site", "regrouped_batch", "rows_repeated", "torch_batch_lever"]
 
@@ -70,28 +68,6 @@ def is_constraint(instruction: Instruction) -> bool:
     return instruction.opcode == "copy" and (op_name or "").rsplit("/", 1)[-1] == "sharding_constraint"
 
 
-def _a_weights_update(computation, constraint: Instruction, weights: frozenset[int]) -> bool:  # noqa: ANN001
-    """Whether the constrained value is a weight's own value changed elementwise (``w - lr * g``): a
-    weight parameter reached from the constraint through elementwise and layout ops alone."""
-    stack, seen = list(constraint.operands), set()
-    while stack and len(seen) < 64:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = computation.get(name)
-        if node is None:
-            continue
-        if node.opcode == "parameter":
-            if node.parameter_number in weights:
-                return True
-            continue
-        if node.opcode in NOT_ELEMENTWISE or node.shape.is_tuple:
-            continue
-        stack.extend(node.operands)
-    return False
-
-
 def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameters, mesh: Mesh, axis: str,
                  batch_axes: set[str], batch: BatchAnalysis | None = None) -> Regroup | None:
     """The first constraint (program order) that the batch input reaches and that puts the batch dim
@@ -101,6 +77,8 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
     through the propagated module); without it, the dim that a constraint shards over other batch axes.
     """
     data_mask = params.data_mask()
+    entry = module.entry
+    weights = {p.name: p for p in entry.parameters() if p.parameter_number in params.weights} if entry else {}
     for computation, instruction in module.instructions():
         if not is_constraint(instruction) or instruction.shape.is_tuple or instruction.shape.rank < 1:
             continue
@@ -126,7 +104,7 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
         tracked = batch.batch_dims((computation.name, instruction.name)) if batch is not None else {}
         if tracked:
             batch_dim = min(tracked)
-        elif _a_weights_update(computation, instruction, params.weights):
+        elif computation is entry and updates_of(computation, instruction, weights):
             continue  # the step's new weight (w - lr * g), placed over the FSDP axis: no batch in it
         elif sharding.kind is ShardingKind.TILED:
             batch_dim = next((d for d, dims in enumerate(spec) if set(dims) & batch_axes), None)
@@ -229,12 +207,8 @@ def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_
     ``shard_output`` read from its source."""
     lever = torch_input_marks(ctx.dump.run_record, list(spec))
     if lever is None and not ctx.dump.run_record:
-        programs = dump_program_files(ctx)
-        names = program_axis_names(ctx, programs)  # positional axes -> the program's own
-        named_spec = [tuple(names.get(a, a) for a in d) if d else d for d in spec]
-        levers = [found for program in programs
-                  for found in [torch_static_marks(program, named_spec, tuple(names.get(a, a) for a in batch_axes))]
-                  if found is not None]
+        levers = [found for program in ctx.program_files
+                  for found in [torch_static_marks(program, list(spec), batch_axes)] if found is not None]
         lever = levers[0] if len(levers) == 1 else None
     return with_lever(finding, lever, ctx.framework)
 

@@ -12,7 +12,6 @@ from hlo_doctor.findings import Skip
 from hlo_doctor.fingerprint import with_fingerprint
 from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.program.terms import in_program_terms
-from hlo_doctor.rules._program_files import dump_program_files, program_axis_names
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.rules.registry import Registry
@@ -77,10 +76,7 @@ def in_terms(ctx: RuleContext, finding: Finding) -> Finding:
         return finding
     mesh = ctx.mesh
     positional = mesh.axis_names if mesh is not None and mesh.is_inferred else ()
-    programs = dump_program_files(ctx)
-    named = program_axis_names(ctx, programs)
-    return in_program_terms(finding, programs, positional, tuple(named.values()) if named else None,
-                            ctx.framework)
+    return in_program_terms(finding, ctx.program_files, positional, ctx.framework)
 
 
 def cause_ranks(rules: Iterable[Rule]) -> dict[str, int]:

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hlo_doctor.dump import Role
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.source import split_module_path
-from hlo_doctor.hlo.ir import HloModule, Instruction
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
 from hlo_doctor.semantics.batch_dims import analyze_batch, buffer_donors, contracted_inputs, meets_batch
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names", "updated_parameters"]
+__all__ = ["EntryParameters", "classify_parameters", "is_integer", "torch_parameter_names", "updated_parameters", "updates_of"]
 
 _ALIAS = re.compile(r"\}\s*:\s*\(\s*(\d+)\s*,")
 # Ops through which an updated weight keeps its identity (an optimizer's elementwise update).
@@ -221,34 +221,41 @@ def updated_parameters(module: HloModule, graph: DataflowGraph, params: list[Ins
     outputs = [entry.get(n) for n in root.operands] if root.opcode == "tuple" else [root]
     found: set[int] = set()
     for output in outputs:
-        if output is None or output.shape.is_tuple:
+        if output is not None and not output.shape.is_tuple:
+            found |= updates_of(entry, output, by_name)
+    return found
+
+
+def updates_of(computation: Computation, value: Instruction, params: Mapping[str, Instruction]) -> set[int]:
+    """The parameters of ``params`` (by name) that ``value`` is an update of: reached from it through
+    elementwise update ops only, one of them arithmetic (``w - lr * g``), or through a slice, gather or
+    pad of the updated value (the step returns it in another sharding: this device's slice of it, or
+    gathered and cut back for an uneven dim)."""
+    found: set[int] = set()
+    stack: list[tuple[Instruction, bool]] = [(value, False)]
+    seen: set[tuple[str, bool]] = set()
+    while stack:
+        current, arithmetic = stack.pop()
+        if (current.name, arithmetic) in seen or len(seen) > 64:
             continue
-        stack: list[tuple[Instruction, bool]] = [(output, False)]
-        seen: set[tuple[str, bool]] = set()
-        while stack:
-            current, arithmetic = stack.pop()
-            if (current.name, arithmetic) in seen or len(seen) > 64:
-                continue
-            seen.add((current.name, arithmetic))
-            param = by_name.get(current.name)
-            if param is not None:
-                number = param.parameter_number
-                if current is not output and number is not None and arithmetic:
-                    found.add(number)
-                continue
-            if current.opcode in _RESHAPING:
-                # the step returns the updated weight in another sharding: this device's slice of it,
-                # or gathered and cut back (an uneven dim)
-                operand = entry.get(current.operands[0]) if current.operands else None
-                if operand is not None and not operand.shape.is_tuple:
-                    stack.append((operand, arithmetic))
-                continue
-            if current.opcode not in _UPDATE_OPS:
-                continue
-            arithmetic = arithmetic or current.opcode in _ARITHMETIC
-            for name in current.operands:
-                operand = entry.get(name)
-                if operand is not None and not operand.shape.is_tuple and (
-                        operand.shape.dims == current.shape.dims or operand.shape.rank == 0):
-                    stack.append((operand, arithmetic))
+        seen.add((current.name, arithmetic))
+        param = params.get(current.name)
+        if param is not None:
+            number = param.parameter_number
+            if current is not value and number is not None and arithmetic:
+                found.add(number)
+            continue
+        if current.opcode in _RESHAPING:
+            operand = computation.get(current.operands[0]) if current.operands else None
+            if operand is not None and not operand.shape.is_tuple:
+                stack.append((operand, arithmetic))
+            continue
+        if current.opcode not in _UPDATE_OPS:
+            continue
+        arithmetic = arithmetic or current.opcode in _ARITHMETIC
+        for name in current.operands:
+            operand = computation.get(name)
+            if operand is not None and not operand.shape.is_tuple and (
+                    operand.shape.dims == current.shape.dims or operand.shape.rank == 0):
+                stack.append((operand, arithmetic))
     return found

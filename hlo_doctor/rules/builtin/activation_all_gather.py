@@ -19,7 +19,6 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import MATMULS
@@ -264,7 +263,7 @@ class ActivationAllGather(Rule):
             },
         )
         finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, dot), "h")
-        return at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework, dump_program_files(ctx))
+        return at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework, ctx.program_files)
 
 
 def _consuming_dot(analysis: BatchAnalysis, start: NodeKey, limit: int = 64) -> tuple[NodeKey, NodeKey] | None:

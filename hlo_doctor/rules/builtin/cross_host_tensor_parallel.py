@@ -10,7 +10,6 @@ from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.program.levers import mesh_construction_line, mesh_construction_rewritten
 from hlo_doctor.program.records import record_entries, user_line
-from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -274,7 +273,7 @@ def _mesh_edit(ctx: RuleContext, tp_axes: Sequence[str]) -> tuple[tuple[SourceEd
                      if tuple(e.get("axis_names") or ()) == mesh.axis_names]
     where = user_line(made[0]) if len(made) == 1 else None
     if where is None and not ctx.dump.run_record:  # a dump made without the runner: the source alone
-        found = [(program, line) for program in dump_program_files(ctx)
+        found = [(program, line) for program in ctx.program_files
                  for line in [mesh_construction_line(program, mesh.axis_names)] if line is not None]
         where = found[0] if len(found) == 1 else None
     if where is None:

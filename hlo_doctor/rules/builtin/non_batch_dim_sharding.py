@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from hlo_doctor.graph.dataflow import build_graph
@@ -24,7 +24,6 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.execution import execution_counts
@@ -195,7 +194,9 @@ class NonBatchDimSharding(Rule):
         )
         axes = batch_axes(ctx, analysis, param)
         input_name = parameter_name(ctx, analysis.inputs[param])
-        value, value_dim = _value_of_line(ctx, analysis, computation, dot, batch_dim, param)
+        body = analysis.module.computation(computation)
+        users = body.users() if body is not None else {}
+        value, value_dim = _value_of_line(ctx, analysis, users, computation, dot, batch_dim, param)
         spec: list = [None] * value.shape.rank
         spec[value_dim] = axes or (f"<axes of {input_name}'s batch>",)
         jax_code, torch_code = constraint_code(spec, "h")
@@ -250,26 +251,25 @@ class NonBatchDimSharding(Rule):
                 return dataclasses.replace(hooked, message=hooked.message.replace(
                     " (the op records only library frames;", f" (the op records only library frames, of {path};", 1))
         finding = with_user_variable(finding, "h")
-        at_rules = at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework, dump_program_files(ctx))
+        at_rules = at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework, ctx.program_files)
         if at_rules is not finding or finding.source is None:
             return at_rules
         # the user's own constraint a line on may be what splits the features
         lever = user_constraint_respec({"sharding_calls": ctx.sharding_calls}, finding.source.file, finding.source.line,
                                        value.shape.dims, value_dim, spec, ctx.framework,
-                                       _constraint_reached(ctx, analysis, computation, value))
+                                       _constraint_reached(users, value))
         return with_lever(finding, lever, ctx.framework)
 
 
-def _value_of_line(ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction, batch_dim: int,
-                   param: int) -> tuple[Instruction, int]:
+def _value_of_line(ctx: RuleContext, analysis: BatchAnalysis, users: Mapping[str, list[Instruction]],
+                   computation: str, dot: Instruction, batch_dim: int, param: int) -> tuple[Instruction, int]:
     """The value the dot's source line makes, and its batch dim: the dot itself, or what the same
     line makes of it by layout ops alone (a per-example layer under ``vmap`` writes ``w @ x`` and
-    transposes the ``[features, batch]`` product to the batch-major value the line assigns)."""
+    transposes the ``[features, batch]`` product to the batch-major value the line assigns).
+    ``users``: each value's users in the dot's computation."""
     source = ctx.user_source(dot)[0]
-    body = analysis.module.computation(computation)
-    if source is None or body is None:
+    if source is None:
         return dot, batch_dim
-    users = body.users()
     current, dim = dot, batch_dim
     for _ in range(4):
         following = users.get(current.name, [])
@@ -284,13 +284,12 @@ def _value_of_line(ctx: RuleContext, analysis: BatchAnalysis, computation: str, 
     return current, dim
 
 
-def _constraint_reached(ctx: RuleContext, analysis: BatchAnalysis, computation: str, value: Instruction) -> int | None:
+def _constraint_reached(users: Mapping[str, list[Instruction]], value: Instruction) -> int | None:
     """The line of the program's own sharding constraint that ``value`` reaches through elementwise
-    and layout ops alone, on a value of its shape and sharding (what set its sharding), or None."""
-    body = analysis.module.computation(computation)
-    if body is None or value.sharding is None:
+    and layout ops alone (``users``: each value's users in its computation), on a value of its shape
+    and sharding (what set its sharding), or None."""
+    if value.sharding is None:
         return None
-    users = body.users()
     frontier, seen = [value], {value.name}
     while frontier and len(seen) < 32:
         current = frontier.pop(0)

@@ -19,7 +19,6 @@ from hlo_doctor.program.source import recorded_parameter_path
 from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._batch import buffer_donors
 from hlo_doctor.rules._memory import parameter_classes
-from hlo_doctor.rules._program_files import dump_program_files
 from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -297,7 +296,7 @@ def _at_lever(ctx: RuleContext, finding: Finding, name: str, shape, spec: list, 
     if lever is None and not record and ctx.framework == "jax":
         # a dump made without the runner: the placement in another of the program's files (the
         # script, beside the model), else the program's Keras LayoutMap or NNX metadata
-        programs = dump_program_files(ctx)
+        programs = ctx.program_files
         placed = [found for program in programs if program != ctx.program_path
                   for found in [parameter_respec(program, target, spec, ctx.framework, ctx.traced_function)] if found]
         lever = (placed[0] if len(placed) == 1 else None) or keras_layout_template(programs, name, spec) \
