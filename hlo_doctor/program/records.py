@@ -72,7 +72,10 @@ def sharding_calls_in(module: HloModule, mesh: Mesh | None) -> list[dict[str, An
         if function is None or sharding is None or sharding.kind is not ShardingKind.TILED or source is None \
                 or instruction.shape.is_tuple:
             continue
-        per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+        try:
+            per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+        except (ValueError, KeyError):  # a tile assignment the mesh cannot hold (a damaged dump)
+            continue
         if per_dim is None:
             continue
         entries = ["None" if not axes else repr(axes[0]) if len(axes) == 1 else repr(tuple(axes)) for axes in per_dim]
