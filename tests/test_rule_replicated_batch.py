@@ -204,3 +204,126 @@ def test_a_weights_update_placed_over_a_batch_axis_is_no_regroup():
     # the same constraint on data's value would be a regroup: the guard is the weight, not the op
     as_data = EntryParameters(frozenset(), frozenset({0, 1}), frozenset(), frozenset(), {})
     assert regroup_site(module, graph, as_data, mesh, "dp", {"dp", "fsdp"}) is not None
+
+
+def test_a_regroup_moved_by_a_reshard_is_found_at_its_constraint(tmp_path):
+    """Hand-written HLO: the rows that leave 'axis_1' move by a collective-permute (a reshard), not
+    an all-gather: the regroup's traffic is a reshard (an eval step's regroup, seed 2026 0358f)."""
+    text = _REGROUPED.replace(
+        "  %ag = f32[8,64]{1,0} all-gather(%hs), channel_id=1, replica_groups={{0,1},{2,3}}, dimensions={0}, "
+        "use_global_device_ids=true",
+        "  %cp = f32[4,64]{1,0} collective-permute(%hs), channel_id=1, source_target_pairs={{0,3},{3,0},{1,2},{2,1}}\n"
+        "  %ag = f32[8,64]{1,0} concatenate(%hs, %cp), dimensions={0}")
+    assert "collective-permute" in text and "all-gather" not in text
+    (finding,) = analyze_dump(_probe(tmp_path, text), select=["replicated-batch"]).findings
+    assert finding.instruction == "c" and finding.evidence["regrouped"] is True
+    assert "cp" in finding.related  # the reshard is the regroup's symptom
+
+
+# Hand-written HLO: a constraint takes the batch off 'axis_1' (GSPMD's Sharding custom-call), and
+# propagation splits the ops after it again, while the partitioned module all-gathers the rows over
+# 'axis_1' for the weight-gradient matmul g: 20% of the matmul FLOPs (under the 25% bar of a regroup
+# read in the propagated module; the program's own constraint is the evidence here).
+_UNDONE_PROPAGATED = """\
+HloModule probe_undone, num_partitions=4
+
+ENTRY %main (x: f32[8,64], w1: f32[64,256], w2: f32[256,64]) -> f32[64,64] {
+  %x = f32[8,64]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}, metadata={op_name="x"}
+  %w1 = f32[64,256]{1,0} parameter(1), sharding={replicated}, metadata={op_name="w1"}
+  %w2 = f32[256,64]{1,0} parameter(2), sharding={replicated}, metadata={op_name="w2"}
+  %h = f32[8,256]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}
+  %y = f32[8,64]{1,0} dot(%h, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}
+  %c = f32[8,64]{1,0} custom-call(%y), custom_call_target="Sharding", sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+  %z = f32[8,64]{1,0} multiply(%c, %c), sharding={devices=[4,1]<=[4]}
+  ROOT %g = f32[64,64]{1,0} dot(%z, %z), lhs_contracting_dims={0}, rhs_contracting_dims={0}, sharding={replicated}
+}
+"""
+
+_UNDONE_PARTITIONED = """\
+HloModule probe_undone, num_partitions=4
+
+ENTRY %main_spmd (x: f32[2,64], w1: f32[64,256], w2: f32[256,64]) -> f32[64,64] {
+  %x = f32[2,64]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}, metadata={op_name="x"}
+  %w1 = f32[64,256]{1,0} parameter(1), sharding={replicated}, metadata={op_name="w1"}
+  %w2 = f32[256,64]{1,0} parameter(2), sharding={replicated}, metadata={op_name="w2"}
+  %h = f32[2,256]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %y = f32[2,64]{1,0} dot(%h, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ag = f32[4,64]{1,0} all-gather(%y), channel_id=1, replica_groups={{0,1},{2,3}}, dimensions={0}, use_global_device_ids=true
+  %z = f32[4,64]{1,0} multiply(%ag, %ag)
+  ROOT %g = f32[64,64]{1,0} dot(%z, %z), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+}
+"""
+
+
+def _two_snapshots(tmp_path: Path, propagated: str, partitioned: str) -> Path:
+    (tmp_path / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
+     ).write_text(propagated)
+    (tmp_path / "module_0000.probe.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(partitioned)
+    return tmp_path
+
+
+def test_a_regroup_undone_by_propagation_is_found_at_its_constraint_below_the_propagated_bar(tmp_path):
+    (finding,) = analyze_dump(_two_snapshots(tmp_path, _UNDONE_PROPAGATED, _UNDONE_PARTITIONED),
+                              select=["replicated-batch"]).findings
+    assert finding.instruction == "c" and finding.evidence["regrouped"] is True
+    assert finding.evidence["repeated_flops_fraction"] == pytest.approx(0.2)  # g: 32,768 of 163,840 FLOPs
+    assert {"ag", "g"} <= set(finding.related)
+
+
+def test_without_the_programs_constraint_the_partitioners_regroup_is_left_to_the_traffic_rules(tmp_path):
+    # the same partitioned work, but no constraint of the program takes the batch off 'axis_1'
+    propagated = _UNDONE_PROPAGATED.replace(
+        'custom-call(%y), custom_call_target="Sharding", sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}',
+        "copy(%y), sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}")
+    assert analyze_dump(_two_snapshots(tmp_path, propagated, _UNDONE_PARTITIONED),
+                        select=["replicated-batch"]).findings == ()
+
+
+# Hand-written HLO of a tensor-parallel step (one axis of 4, the batch split over none): the MLP is a
+# column-parallel w1 feeding a row-parallel w2 with no collective between (a Megatron pair), its
+# partial sums all-reduced; the norm scale is sharded, so its output is all-gathered on the feature dim.
+_TENSOR_PAIRS = """\
+HloModule probe_tp_pairs, num_partitions=4
+
+ENTRY %main (x: s32[8,16], e: f32[64,64], w1: f32[64,256], w2: f32[256,64], s: f32[64], w3: f32[64,64]) -> f32[8,16,64] {
+  %x = s32[8,16]{1,0} parameter(0), sharding={replicated}, metadata={op_name="tokens"}
+  %e = f32[64,64]{1,0} parameter(1), sharding={replicated}, metadata={op_name="embed"}
+  %w1 = f32[64,256]{1,0} parameter(2), sharding={devices=[1,4]<=[4]}, metadata={op_name="w1"}
+  %w2 = f32[256,64]{1,0} parameter(3), sharding={devices=[4,1]<=[4]}, metadata={op_name="w2"}
+  %s = f32[64]{0} parameter(4), sharding={devices=[4]<=[4]}, metadata={op_name="scale"}
+  %w3 = f32[64,64]{1,0} parameter(5), sharding={devices=[1,4]<=[4]}, metadata={op_name="w3"}
+  %oh = f32[8,16,64]{2,1,0} convert(%x)
+  %a = f32[8,16,64]{2,1,0} dot(%oh, %e), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  %h = f32[8,16,64]{2,1,0} dot(%a, %w1), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  %r = f32[8,16,64]{2,1,0} maximum(%h, %h)
+  %y = f32[8,16,64]{2,1,0} dot(%r, %w2), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  %ar = f32[8,16,64]{2,1,0} all-reduce(%y), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+  %ys = f32[8,16,16]{2,1,0} slice(%ar), slice={[0:8], [0:16], [0:16]}
+  %ss = f32[8,16,16]{2,1,0} broadcast(%s), dimensions={2}
+  %n = f32[8,16,16]{2,1,0} multiply(%ys, %ss)
+  %ag = f32[8,16,64]{2,1,0} all-gather(%n), channel_id=2, replica_groups={{0,1,2,3}}, dimensions={2}, use_global_device_ids=true
+  ROOT %o = f32[8,16,64]{2,1,0} dot(%ag, %w3), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+}
+
+%add (p: f32[], q: f32[]) -> f32[] {
+  %p = f32[] parameter(0)
+  %q = f32[] parameter(1)
+  ROOT %s = f32[] add(%p, %q)
+}
+"""
+
+
+def test_tensor_parallel_pairs_of_the_whole_batch_are_by_design(tmp_path):
+    """A torch_xla tensor-parallel step of a 4-row batch on 4 devices was reported as the weights-only
+    marking of pytorch/xla#6778 (seed 2026 tx0014d): its norm's gather looked like that report's."""
+    assert analyze_dump(_probe(tmp_path, _TENSOR_PAIRS), select=["replicated-batch"]).findings == ()
+
+
+def test_the_same_layers_gathered_between_are_the_weights_only_marking(tmp_path):
+    # w1's output all-gathered before w2 (column-parallel everywhere, as all-dim-0 marks make): no pair
+    text = _TENSOR_PAIRS.replace(
+        "%r = f32[8,16,64]{2,1,0} maximum(%h, %h)",
+        "%r = f32[8,16,64]{2,1,0} all-gather(%h), channel_id=3, replica_groups={{0,1,2,3}}, dimensions={2}, "
+        "use_global_device_ids=true")
+    (finding,) = analyze_dump(_probe(tmp_path, text), select=["replicated-batch"]).findings
+    assert "split over no mesh axis" in finding.message and finding.evidence["batch_axes"] == []

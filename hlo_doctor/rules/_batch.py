@@ -15,6 +15,7 @@ from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.dim_maps import DOTS
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction
+from hlo_doctor.hlo.opcodes import COLLECTIVE_OPCODES
 from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.rules.base import Finding, SourceRef
 from hlo_doctor.rules.context import RuleContext
@@ -31,7 +32,7 @@ from hlo_doctor.semantics.parameters import EntryParameters
 
 __all__ = [
     "BatchAnalysis", "activation_matmuls", "analyze_batch", "axes_text", "batch_axes", "batch_input", "buffer_donors",
-    "parameter_name",
+    "matmul_traffic_axes", "paired_tensor_axes", "parameter_name",
     "parameter_sharding",
     "torch_module_source", "with_torch_source",
 ]
@@ -102,7 +103,7 @@ def batch_axes(ctx: RuleContext, analysis: BatchAnalysis, param: int) -> tuple[s
 def _recorded_axes(ctx: RuleContext, dims: tuple[int, ...]) -> tuple[str, ...] | None:
     record = ctx.dump.run_record or {}
     calls = record.get("sharding_calls") if isinstance(record, dict) else None
-    for call in calls or ():
+    for call in calls if isinstance(calls, list) else ():
         if not isinstance(call, dict) or tuple(call.get("shape") or ()) != tuple(dims):
             continue
         try:
@@ -182,7 +183,8 @@ def torch_module_source(ctx: RuleContext, module: HloModule, dot: Instruction) -
     if not op_type:
         return None
     record = ctx.dump.run_record or {}
-    calls = record.get("module_calls") if isinstance(record, dict) else None
+    found_calls = record.get("module_calls") if isinstance(record, dict) else None
+    calls = found_calls if isinstance(found_calls, list) else []
     for cls, ops in _TORCH_OPS.items():
         if op_type not in ops:
             continue
@@ -216,3 +218,108 @@ def with_torch_source(ctx: RuleContext, finding: Finding, module: HloModule, dot
     message += f" (line of the {cls} call, from the runner's record of nn.Module calls)"
     return dataclasses.replace(finding, source=source, message=message)
 
+
+
+# --------------------------------------------------------------------------
+# Tensor parallelism by design
+
+_PAIR_HOPS = 48  # ops walked back from a reduction, or from a matmul's operand, before giving up
+
+
+def paired_tensor_axes(ctx: RuleContext, params: EntryParameters) -> set[str]:
+    """Mesh axes over which the forward pass runs column- and row-parallel matmul pairs (Megatron).
+
+    Read in the partitioned module: a forward activation reduction over the axis sums the partial
+    products of a matmul with a weight operand (row-parallel) whose data operand comes, through
+    no collective, from another matmul with a weight operand (column-parallel): the feature split
+    the first one makes is the contracting split of the second, kept on purpose. A batch split
+    over no axis then repeats by design along that axis (tensor parallelism of the whole batch),
+    and its activation gathers (of sharded norms, of the head) are not the weights-only marking
+    of pytorch/xla#6778. Neither the all-dim-0 FSDP marks of that report (column-parallel
+    everywhere, gathered between layers) nor row-parallel layers on a replicated input (each
+    input sliced from a reduced, replicated value) make such a pair.
+    """
+    graph = ctx.semantics.view.graph
+    if graph is None:
+        return set()
+    weights = 0
+    for number in params.weights:
+        weights |= 1 << number
+    data = params.data_mask()
+    found: set[str] = set()
+    for role in ctx.semantics.roles:
+        axes = {a.split(":(")[0] for a in role.facts.op.mesh_axes or ()}
+        if role.role != "activation-reduce" or role.phase != "forward" or not axes - found:
+            continue
+        node = graph.id_of(role.facts.key)
+        if node is None:
+            continue
+        row = _weight_matmul_upstream(graph, graph.sources_of(node), weights, data)
+        if row is None:
+            continue
+        data_side = [o for o in graph.sources_of(row) if graph.parameter_bits(o) & data]
+        if _weight_matmul_upstream(graph, data_side, weights, data) is not None:
+            found |= axes
+    return found
+
+
+def _weight_matmul_upstream(graph: DataflowGraph, starts: list[int], weights: int, data: int) -> int | None:
+    """The first matmul with a weights-only operand and a data operand reached backwards from
+    ``starts`` without crossing a collective, a parameter or another matmul."""
+    seen, queue = set(starts), list(starts)
+    while queue and len(seen) <= _PAIR_HOPS:
+        node = queue.pop(0)
+        instruction = graph.instruction_at[node]
+        if instruction.opcode in MATMULS:
+            operands = graph.sources_of(node)
+            bits = [graph.parameter_bits(o) for o in operands]
+            if any(b & weights and not b & data for b in bits) and any(b & data for b in bits):
+                return node
+            continue
+        if instruction.opcode in COLLECTIVE_OPCODES or instruction.opcode.endswith(("-start", "-done")) \
+                or instruction.opcode == "parameter":
+            continue
+        for source in graph.sources_of(node):
+            if source not in seen:
+                seen.add(source)
+                queue.append(source)
+    return None
+
+
+def matmul_traffic_axes(ctx: RuleContext) -> set[str]:
+    """Mesh axes of the activation collectives that move a matmul's product (a feature-split
+    layer output gathered, a partial sum reduced): the axes that split some matmul.
+
+    An embedding lookup in a vocab-split table reduces its masked rows over the table's axes
+    (or gathers them) with no matmul upstream: that traffic says the table is split, not that a
+    matmul is.
+    """
+    graph = ctx.semantics.view.graph
+    if graph is None:
+        return set()
+    found: set[str] = set()
+    for role in ctx.semantics.roles:
+        axes = {a.split(":(")[0] for a in role.facts.op.mesh_axes or ()}
+        if role.role not in ("activation-reduce", "activation-gather") or not axes - found:
+            continue
+        node = graph.id_of(role.facts.key)
+        if node is not None and _matmul_upstream(graph, graph.sources_of(node)):
+            found |= axes
+    return found
+
+
+def _matmul_upstream(graph: DataflowGraph, starts: list[int]) -> bool:
+    """Whether a matmul is reached backwards from ``starts`` without crossing a collective or a parameter."""
+    seen, queue = set(starts), list(starts)
+    while queue and len(seen) <= _PAIR_HOPS:
+        node = queue.pop(0)
+        opcode = graph.instruction_at[node].opcode
+        if opcode in MATMULS:
+            return True
+        if opcode in COLLECTIVE_OPCODES or opcode.endswith(("-start", "-done")) or opcode == "parameter":
+            continue
+        for source in graph.sources_of(node):
+            if source not in seen:
+                seen.add(source)
+                queue.append(source)
+    return False

@@ -44,10 +44,14 @@ _SYMPTOM_ROLES = ACTIVATION_ROLES | {"reshard"}
 class RepeatedAxis(Protocol):
     """An axis along which activation matmuls repeat (``replicated_batch._Axis``)."""
 
-    name: str
-    size: int
-    flops: float
-    dots: tuple[tuple[str, Instruction], ...]
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def flops(self) -> float: ...
+    @property
+    def dots(self) -> tuple[tuple[str, Instruction], ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,7 @@ def regroup_site(module: HloModule, graph: DataflowGraph, params: EntryParameter
         if any(axis in dims for dims in spec):
             continue
         tracked = batch.batch_dims((computation.name, instruction.name)) if batch is not None else {}
+        batch_dim: int | None
         if tracked:
             batch_dim = min(tracked)
         elif computation is entry and updates_of(computation, instruction, weights):
@@ -226,7 +231,7 @@ def rows_repeated(ctx: RuleContext, params: EntryParameters) -> tuple[float, flo
     semantics = ctx.semantics
     module, graph, batch = ctx.per_device, semantics.view.graph, semantics.batch
     entry = module.entry if module is not None else None
-    if entry is None or graph is None or batch is None:
+    if module is None or entry is None or graph is None or batch is None:
         return 0.0, 0.0, ()
     rows = {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
             if p.parameter_number in params.data and not p.shape.is_tuple and p.shape.rank >= 1}

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.dots import dot_dims
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.hlo.attr_sharding import parse_sharding
 from hlo_doctor.hlo.ir import HloModule, Instruction, Sharding, ShardingKind, attribute_of_each
-from hlo_doctor.program.levers import jax_argument_constraint
-from hlo_doctor.program.records import user_line
-from hlo_doctor.program.spec_sites import axes_site, parameter_axes_site, parse_spec_text, spec_site
 from hlo_doctor.program.suggest import constraint_code, jax_spec, python_identifier, torch_spec
-from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
-from hlo_doctor.rules._regroup import propagated_batch, regrouped_batch, rows_repeated, torch_batch_lever
+from hlo_doctor.rules._batch import (
+    activation_matmuls,
+    batch_input,
+    matmul_traffic_axes,
+    paired_tensor_axes,
+    parameter_name,
+    with_torch_source,
+)
+from hlo_doctor.rules._batch_lever import at_batch_lever
+from hlo_doctor.rules._regroup import propagated_batch, regrouped_batch, rows_repeated
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
-from hlo_doctor.rules.context import RuleContext, short_path
+from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.batch_dims import gathered_weight_dim
 from hlo_doctor.semantics.opclasses import MATMULS
@@ -69,7 +72,10 @@ class ReplicatedBatch(Rule):
     axis: when the batch is split over another axis, work repeated along a TP
     axis means those layers' weights are not split over it (that is
     ``replicated-large-parameter``), so the axis must repeat every activation
-    matmul; when the batch is split over no axis at all (every weight marked,
+    matmul. What shows an axis splitting matmuls is traffic of their products
+    over it (a feature-split output gathered, a partial sum reduced); a
+    vocab-split embedding whose lookup is reduced over an axis splits the
+    table, not the matmuls after it. When the batch is split over no axis at all (every weight marked,
     the inputs not: pytorch/xla#6778's first strategy), the share counts, and
     so do the activation all-gathers (the analysis layer's
     ``activation-gather`` roles) that put feature-split layer outputs back
@@ -84,13 +90,18 @@ class ReplicatedBatch(Rule):
     the finding is at that constraint (the first one the batch reaches that
     leaves the axis out), its fix the constraint's spec with the batch dim on
     all the input's axes, and the activation traffic and reshards over the
-    axis are folded into it as symptoms. Propagation may split the ops after
+    axis are folded into it as symptoms (the rows can move by an all-gather,
+    or by a collective-permute or all-to-all that hands each device other
+    rows). Propagation may split the ops after
     such a constraint again (a constraint that replicates the batch, the
     labels' split coming back from the loss), while the partitioner still
     gathers the rows for some matmul (a weight gradient over the whole
     batch): then the repeated work is read in the partitioned module, as the
     matmuls whose operands hold more rows of the batch per device than the
-    batch input's shard.
+    batch input's shard; the program's constraint is the evidence of the
+    regroup there, so ``min_redundant_fraction`` is the bar. Without such a
+    constraint, rows the partitioner gathers on its own are left to the
+    traffic rules (``activation-all-gather``, ``reshard-churn``).
 
     When the batch is split over no axis, the batch input must divide over
     the axes it would be split over (6 rows on 8 devices cannot): otherwise
@@ -103,7 +114,13 @@ class ReplicatedBatch(Rule):
     is reported too. It is silent on a single device, for manual
     (``shard_map``) computations, and for
     tensor parallelism: a TP axis splits the matmuls (heads, features,
-    contracting dims), so no work repeats along it.
+    contracting dims), so no work repeats along it. An axis over which the
+    forward pass runs column- and row-parallel pairs (a matmul's feature-split
+    output summed by the next matmul, no collective between: Megatron's
+    layout) is tensor parallel by design even when the batch is split over no
+    axis: a small batch served whole by every device of it, whose sharded
+    norms are gathered, is that design, not the weights-only marking of
+    pytorch/xla#6778.
 
     **Why it hurts**
 
@@ -182,16 +199,22 @@ class ReplicatedBatch(Rule):
             if found is not None:
                 yield found
                 return
-        # An axis that carries tensor-parallel traffic splits some activation matmul: it is not
-        # an axis along which every matmul repeats (see the docstring).
+        # An axis that carries tensor-parallel traffic (a matmul's product gathered or summed over
+        # it) splits some activation matmul: it is not an axis along which every matmul repeats
+        # (see the docstring). A vocab-split embedding's lookup reduced over an axis is not such
+        # traffic: every matmul may still repeat along that axis.
         traffic = {a.split(":(")[0] for r in ctx.semantics.roles if r.role in ACTIVATION_ROLES
                    for a in r.facts.op.mesh_axes or ()}
         if batch_axes:
-            candidates -= traffic
+            candidates -= matmul_traffic_axes(ctx)
         # A regroup moves rows over the axis it takes the batch off (its symptom, not tensor
-        # parallelism): without activation traffic over a batch axis there is none to look for, and
-        # the propagated module (parsed in this process when the rules are split) is not read.
-        regroup_axes = batch_axes & traffic
+        # parallelism): an activation gather or reduction, or a reshard (a collective-permute or
+        # all-to-all that hands each device other rows). Without such traffic over a batch axis
+        # there is none to look for, and the propagated module (parsed in this process when the
+        # rules are split) is not read.
+        moved = traffic | {a.split(":(")[0] for r in ctx.semantics.roles if r.role == "reshard"
+                           for a in r.facts.op.mesh_axes or ()}
+        regroup_axes = batch_axes & moved
         if not candidates and not regroup_axes:
             return
         module = ctx.sharded
@@ -213,6 +236,11 @@ class ReplicatedBatch(Rule):
             # 16-device tensor-parallel axis repeat by design)
             rows = _batch_rows(per_device, params)
             replicating = [a for a in replicating if rows is not None and rows >= a.size and rows % a.size == 0]
+            if replicating:
+                # nor along an axis of column- and row-parallel pairs: tensor parallelism of the whole
+                # batch by design (a matmul it leaves whole is a replicated weight's, not the batch's)
+                paired = paired_tensor_axes(ctx, params)
+                replicating = [a for a in replicating if a.name not in paired]
         if replicating:
             yield self._finding(ctx, module, params, mesh, batch_axes, replicating, activation_flops,
                                 whole_program=not used)
@@ -230,13 +258,15 @@ class ReplicatedBatch(Rule):
         if regroup_axes:
             # Propagation may split again what a constraint regrouped: the partitioned module's
             # matmuls then still gather the rows (a weight gradient over the whole batch).
-            per_device, repeated_flops, dots = rows_repeated(ctx, params)
-            if not dots or repeated_flops < self.options.min_regrouped_fraction * per_device:
+            # The program's own constraint (regrouped_batch finds it, or reports nothing) is the
+            # evidence of the regroup here: the repeated share need only pass the general bar.
+            device_flops, repeated_flops, dots = rows_repeated(ctx, params)
+            if not dots or repeated_flops < self.options.min_redundant_fraction * device_flops:
                 return
             batch = propagated_batch(ctx, module, graph, params)  # once for every axis tried
             for axis in sorted(regroup_axes, key=lambda a: (-mesh.axis_size(a), a)):
                 found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
-                                        _Axis(axis, mesh.axis_size(axis), repeated_flops, dots), per_device, batch)
+                                        _Axis(axis, mesh.axis_size(axis), repeated_flops, dots), device_flops, batch)
                 if found is not None:
                     yield found
                     return
@@ -260,8 +290,12 @@ class ReplicatedBatch(Rule):
         for param in entry.parameters() if entry is not None else ():
             if param.parameter_number in params.weights:
                 weight_axes |= _axes_of(param.sharding, param, mesh)
-        axes = tuple(a for a in mesh.axis_names if a in used and a in weight_axes and any(
-            a in {x.split(":(")[0] for x in r.facts.op.mesh_axes} for r in gathers))
+        # an axis of column- and row-parallel pairs is tensor parallelism by design: the whole batch on
+        # every device of it is that design's, and its gathers (sharded norms, the head) are not the
+        # weights-only marking this finding is about
+        paired = paired_tensor_axes(ctx, params)
+        axes = tuple(a for a in mesh.axis_names if a in used and a in weight_axes and a not in paired and any(
+            a in {x.split(":(")[0] for x in r.facts.op.mesh_axes or ()} for r in gathers))
         if not axes:
             return None
         batch_param = batch_input(module, params)
@@ -311,7 +345,7 @@ class ReplicatedBatch(Rule):
                 "activation_gather_wire_bytes_per_step": wire,
             },
         )
-        return _at_lever(ctx, finding, spec, variable, (), rows)
+        return at_batch_lever(ctx, finding, spec, variable, (), rows)
 
     def _finding(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                  batch_axes: set[str], replicating: list[_Axis], activation_flops: float,
@@ -387,7 +421,7 @@ class ReplicatedBatch(Rule):
             },
         )
         ordered = tuple(a for a in mesh.axis_names if a in batch_axes)
-        return _at_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable, ordered, rows)
+        return at_batch_lever(ctx, with_torch_source(ctx, finding, module, top), spec, variable, ordered, rows)
 
 
 def _batch_rows(module: HloModule, params: EntryParameters) -> int | None:
@@ -496,73 +530,4 @@ def _contracting_axes(dot: Instruction, computation, mesh: Mesh) -> set[str]:  #
         for dim, axes in enumerate(per_dim or ()):
             if dim < len(roles.roles[side]) and roles.role(side, dim).role == "contracting":
                 found |= {a.split(":(")[0] for a in axes}
-    return found
-
-
-def _at_lever(ctx: RuleContext, finding: Finding, spec: list, variable: str, batch_axes: tuple[str, ...],
-              rows: int) -> Finding:
-    """The batch sharding where the program sets it: torch_xla marks the model's inputs before the
-    call (and FSDPv2 wrappers get a shard_output); JAX constrains the traced function's argument,
-    and rewrites the program's own constraints that pin the batch dim to fewer axes."""
-    if ctx.framework == "torch_xla":
-        return torch_batch_lever(ctx, finding, spec, batch_axes)
-    if ctx.framework != "jax" or finding.suggestion is None:
-        return finding
-    suggestion = finding.suggestion
-    edit = jax_argument_constraint(ctx.program_path, ctx.traced_function, variable, spec)
-    if edit is None:
-        return dataclasses.replace(finding, suggestion=dataclasses.replace(
-            suggestion, no_edit=f"the program's traced function with the argument {variable} was not found"))
-    pinned = _pinning_constraints(ctx.sharding_calls, batch_axes, rows)
-    if not pinned:
-        return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, edits=(edit,)))
-    combined = spec[0]
-    edits, unresolved, shared = [edit], [], []
-    for (file, line), old in pinned.items():
-        site = spec_site(file, line, old)
-        if site is not None:
-            edits.append(SourceEdit("respec", "jax", spec=(tuple(combined), *old[1:]), old_spec=old, file=file,
-                                    line=site.line))
-            continue
-        axes = axes_site(file, line, 0, batch_axes)
-        if axes is None:
-            unresolved.append(f"{short_path(file)}:{line}")
-            continue
-        shared.append(axes)
-        edits.append(SourceEdit("axes", "jax", spec=(tuple(combined),), old_spec=(batch_axes,), file=file,
-                                line=axes.line, details={"variable": axes.variable}))
-    if ctx.program_path and parameter_axes_site(ctx.program_path, variable, 0, batch_axes) in shared:
-        edits.remove(edit)  # the input's sharding reads the same axes: the one edit there shards it too
-    where = ", ".join(f"{short_path(f)}:{n}" for f, n in pinned)
-    written = "(" + ", ".join(repr(a) for a in combined) + ")"
-    summary = (f"{suggestion.summary} The program's own constraints at {where} also put the batch dim on "
-               f"{'/'.join(repr(a) for a in batch_axes)} alone: write {written} for their batch dim too, or "
-               "they split it again after the input.")
-    for site in dict.fromkeys(shared):
-        readers = "the input's sharding and those constraints" if edit not in edits else "those constraints"
-        summary += (f" They read it from line {site.line} ({site.variable} = ...{site.text}...), which {readers} "
-                    f"share: write {written} there.")
-    if unresolved:
-        return dataclasses.replace(finding, suggestion=dataclasses.replace(
-            suggestion, summary=summary, edits=(),
-            no_edit=(f"the specs of the constraints at {', '.join(unresolved)} are not written as literals there: "
-                     f"write {written} for their batch dim by hand")))
-    return dataclasses.replace(finding, suggestion=dataclasses.replace(suggestion, summary=summary,
-                                                                       edits=tuple(edits)))
-
-
-def _pinning_constraints(calls, batch_axes: tuple[str, ...], rows: int) -> dict[tuple[str, int], tuple]:
-    """The user's lines whose ``with_sharding_constraint`` (``calls``: :attr:`RuleContext.sharding_calls`)
-    puts a ``rows``-long dim 0 on exactly ``batch_axes`` (the axes the batch is split over today), with
-    the spec they write."""
-    found: dict[tuple[str, int], tuple] = {}
-    if not batch_axes:
-        return found
-    for call in calls:
-        spec = parse_spec_text(str(call.get("spec", "")))
-        shape = call.get("shape") or ()
-        where = user_line(call)
-        if spec and where and shape and shape[0] == rows and spec[0] == batch_axes \
-                and call.get("function") == "with_sharding_constraint":
-            found.setdefault(where, spec)
     return found
