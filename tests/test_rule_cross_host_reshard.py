@@ -263,3 +263,45 @@ def test_churn_through_the_padding_of_an_uneven_dim(tmp_path, cut, churn):
     if churn:
         assert found[0].instruction == "all-to-all" and found[0].related == ("all-to-all.1",)
         assert "the padding of a dim the shards do not divide" in found[0].message
+
+
+# Hand-written HLO: the value the rematerialization reshards is made at one line of a program (a
+# scale, line 2) and consumed at another (line 3), whose metadata XLA gives the inserted all-gather.
+_PROGRAM = "def step(x, w):\n    y = x * 2.0\n    h = y @ w\n    return h\n"
+_REMAT_LINES = """\
+HloModule jit_step, entry_computation_layout={(f32[16,64]{1,0})->f32[64,16]{1,0}}, num_partitions=4
+
+ENTRY %main.0_spmd (param: f32[16,64]) -> f32[64,16] {
+  %param = f32[16,64]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}, metadata={op_name="x"}
+  %two = f32[] constant(2)
+  %b = f32[16,64]{1,0} broadcast(%two), dimensions={}
+  %y = f32[16,64]{1,0} multiply(%param, %b), metadata={op_name="jit(step)/mul" source_file="PROGRAM" source_line=2}
+  %all-gather = f32[64,64]{1,0} all-gather(%y), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, use_global_device_ids=true, metadata={op_name="jit(step)/dot_general" source_file="PROGRAM" source_line=3}
+  %constant = s32[] constant(0)
+  %constant.1 = s32[4]{0} constant({0, 16, 32, 48})
+  %partition-id = u32[] partition-id()
+  %dynamic-slice = s32[1]{0} dynamic-slice(%constant.1, %partition-id), dynamic_slice_sizes={1}
+  %reshape = s32[] reshape(%dynamic-slice)
+  ROOT %dynamic-slice.1 = f32[64,16]{1,0} dynamic-slice(%all-gather, %constant, %reshape), dynamic_slice_sizes={64,16}, metadata={op_name="jit(step)/dot_general" source_file="PROGRAM" source_line=3}
+}
+"""
+
+
+@pytest.mark.parametrize("value_has_a_line", [True, False])
+def test_the_fix_constrains_the_value_at_the_line_that_makes_it(tmp_path, value_has_a_line):
+    program = tmp_path / "prog.py"
+    program.write_text(_PROGRAM)
+    text = _REMAT_LINES.replace("PROGRAM", str(program))
+    if not value_has_a_line:  # the scale's op carries no line: the consumer's line names another value
+        text = text.replace(', metadata={op_name="jit(step)/mul" source_file="' + str(program) + '" source_line=2}', "")
+    name = "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_control-dep-rewriter.txt"
+    (tmp_path / name).write_text(text)
+    (finding,) = [f for f in analyze_dump(tmp_path, select=[CHURN]).findings if f.rule == CHURN]
+    assert finding.evidence["value_line"] is value_has_a_line
+    if value_has_a_line:
+        assert finding.source.line == 2 and finding.suggestion.jax.splitlines()[-1].startswith(
+            "y = jax.lax.with_sharding_constraint(y, ")
+    else:
+        # never h (line 3 assigns the matmul's output, not the resharded value): a visible placeholder
+        assert finding.source.line == 3 and "(<value>, " in finding.suggestion.jax
+        assert "h = " not in finding.suggestion.jax and "no line of your code is recorded" in finding.suggestion.summary

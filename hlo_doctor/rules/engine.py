@@ -206,7 +206,7 @@ def fold_same_fix(findings: list[Finding]) -> list[Finding]:
                 related.append(name)
         same = [*first.evidence.get("same_fix", ()),
                 {"instruction": finding.instruction, "source_line": finding.source.line if finding.source else None,
-                 "message": finding.message}]
+                 "message": finding.message, "wire_bytes_per_device": finding.evidence.get("wire_bytes_per_device")}]
         count = len(same) + 1
         message = first.message.split(_SAME_FIX)[0] + f"{_SAME_FIX}{count - 1} more op{'s' if count > 2 else ''} " \
             f"({', '.join(str(s['instruction']) for s in same[:6])}{', ...' if len(same) > 6 else ''}) have " \
@@ -269,9 +269,13 @@ def fold_symptoms(
         for name in (finding.instruction, *finding.related):
             if name and name not in related and name != other.instruction:
                 related.append(name)
+        # a symptom that stands for several ops with one fix (fold_same_fix) is each of them
         symptoms = [*other.evidence.get("symptoms", ()),
                     {"rule": finding.rule, "instruction": finding.instruction, "message": finding.message,
-                     "wire_bytes_per_device": finding.evidence.get("wire_bytes_per_device")}]
+                     "wire_bytes_per_device": finding.evidence.get("wire_bytes_per_device")},
+                    *({"rule": finding.rule, "instruction": same.get("instruction"), "message": same.get("message"),
+                       "wire_bytes_per_device": same.get("wire_bytes_per_device")}
+                      for same in finding.evidence.get("same_fix", ()) if isinstance(same, Mapping))]
         kept[cause] = dataclasses.replace(other, related=tuple(related),
                                           evidence={**other.evidence, "symptoms": symptoms})
     return kept

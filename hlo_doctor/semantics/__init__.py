@@ -36,7 +36,7 @@ from hlo_doctor.semantics.cost import CostModel
 from hlo_doctor.semantics.critical_path import ByteAccount, CollectiveBytes, account_bytes
 from hlo_doctor.semantics.execution import Executions, execution_counts
 from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
-from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles
+from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles, loss_nodes
 from hlo_doctor.semantics.view import ModuleView
 
 if TYPE_CHECKING:
@@ -101,6 +101,15 @@ class ModuleSemantics:
         if module is None or graph is None or params is None:
             return None
         return analyze_data_batch(self.view, module, graph, params.data)
+
+    @cached_property
+    def forward_nodes(self) -> frozenset[int]:
+        """Per-device graph nodes the step's loss derives from: its forward pass (empty without a loss)."""
+        graph, params = self.view.graph, self.parameters
+        if graph is None or params is None:
+            return frozenset()
+        losses = loss_nodes(graph, params)
+        return frozenset(graph.reach_ids(losses, forward=False)) if losses else frozenset()
 
     @cached_property
     def roles(self) -> tuple[CollectiveRole, ...]:

@@ -63,6 +63,7 @@ __all__ = [
     "CollectiveRole",
     "OperandRole",
     "assign_roles",
+    "loss_nodes",
 ]
 
 ROLES = (
@@ -416,7 +417,7 @@ class _Judge:
 
     @cached_property
     def losses(self) -> list[int]:
-        return _loss_nodes(self.graph, self.params)
+        return loss_nodes(self.graph, self.params)
 
     @cached_property
     def forward_nodes(self) -> frozenset[int]:
@@ -528,7 +529,7 @@ def _phases(graph: DataflowGraph, params: EntryParameters, judged, judge: _Judge
     return out
 
 
-def _loss_nodes(graph: DataflowGraph, params: EntryParameters) -> list[int]:
+def loss_nodes(graph: DataflowGraph, params: EntryParameters) -> list[int]:
     """The step's float scalar outputs derived from the data (its loss)."""
     entry = graph.module.entry
     root = entry.root if entry is not None else None

@@ -85,7 +85,14 @@ class ActivationAllGather(Rule):
 
     Constrain the layer's output (the hidden activation) to stay
     batch-sharded, with the axes the input batch is sharded over; the
-    partitioner then all-gathers the weight instead.
+    partitioner then all-gathers the weight instead. The constraint is
+    written at the line that makes the value it constrains: the consuming
+    matmul's line for a gather of the batch, the gathered activation's line
+    for a feature re-gather. In the backward pass of a JAX step the
+    consuming matmul carries the line of the forward op it differentiates,
+    and that line assigns the forward value: the fix constrains that value
+    (its rank and batch dim from the line's forward matmul), whose gradient
+    JAX constrains the same way.
 
     ```python
     # JAX
@@ -217,7 +224,17 @@ class ActivationAllGather(Rule):
             f"({format_bytes(collective.bytes_out_per_device)}, {format_bytes(collective.wire_bytes_per_device)} over "
             f"the wire{per_step}) over {group_axes}, and {dot.name} {work}; {alternative}"
         )
-        if kind == "batch":
+        lever = _lever(ctx, analysis, collective, start, dot, kind, param)
+        if lever is not None:
+            # the value the consuming matmul's line makes: in the backward pass, the forward value of
+            # that line, whose gradient the matmul computes (a constraint holds for the gradient too)
+            source_from, forward_value, forward_dim = lever
+            spec = [None] * forward_value.shape.rank
+            spec[forward_dim] = axes or (f"<axes of {input_name}'s batch>",)
+            jax_code, torch_code = constraint_code(spec, "h")
+            what_h = (f"h, the value this line makes in the forward pass ({forward_value.name}, "
+                      f"{forward_value.shape}),")
+        elif kind == "batch":
             what_h = f"h, the output of {dot.name} (the layer that reads the gathered {operand_name})"
         else:
             what_h = f"h ({operand_name}, the hidden activation {dot.name} reads)"
@@ -225,7 +242,15 @@ class ActivationAllGather(Rule):
             f"Keep the activation batch-sharded over {axes_text(axes)}: constrain {what_h} to the batch "
             "input's sharding, so the partitioner all-gathers the weight instead."
         )
-        source_from = start if ctx.user_source(start)[0] is not None else dot
+        if lever is not None:
+            summary += (f" {dot.name}, which reads the gathered {operand_name}, is this line's backward matmul, "
+                        "and JAX constrains the gradient of a constrained value the same way.")
+        else:
+            # the value the constraint is written for is the consuming matmul's output (or the gathered
+            # operand): its line, when the dump names one, assigns that value
+            anchor = dot if kind == "batch" else graph.instruction(operand_key)
+            source_from = anchor if ctx.user_source(anchor)[0] is not None else (
+                start if ctx.user_source(start)[0] is not None else dot)
         finding = self.finding(
             ctx,
             message,
@@ -368,3 +393,39 @@ def _producing_dot(graph, key: NodeKey, limit: int = 8) -> str | None:  # noqa: 
             if instruction.opcode not in ("parameter", "constant"):
                 queue.append(source)
     return None
+
+
+def _lever(ctx: RuleContext, analysis: BatchAnalysis, collective: Collective, start: Instruction,
+           dot: Instruction, kind: str, param: int) -> tuple[Instruction, Instruction, int] | None:
+    """For a gather of the batch in the backward pass of a JAX step: the op to take the source line
+    from, the forward value of the consuming matmul's line and its batch dim, or None.
+
+    JAX writes a backward matmul with the line of the forward op it differentiates; that line
+    assigns the forward value, not the matmul's output. The forward value is the matmul of that
+    line in the forward pass (the ancestors of the loss) whose result carries the batch input's dim.
+    """
+    if kind != "batch" or ctx.framework != "jax":
+        return None
+    role = ctx.semantics.role_of(collective.computation, collective.instruction)
+    line = ctx.user_source(dot)[0]
+    if role is None or role.phase != "backward" or line is None:
+        return None
+    graph = ctx.semantics.view.graph
+    forward = ctx.semantics.forward_nodes
+    if graph is None or not forward:
+        return None
+    found: dict[tuple[int, int], Instruction] = {}
+    for node in forward:
+        instruction = graph.instruction_at[node]
+        if instruction.opcode not in _DOTS or instruction.shape.is_tuple:
+            continue
+        source = ctx.user_source(instruction)[0]
+        if source is None or (source.file, source.line) != (line.file, line.line):
+            continue
+        dims = [d for d, p in analysis.batch_dims(graph.keys[node]).items() if p == param]
+        if len(dims) == 1:
+            found.setdefault((instruction.shape.rank, dims[0]), instruction)
+    if len(found) != 1:
+        return None  # no forward matmul on the line, or several layouts: the value is not known
+    ((_, batch_dim), value), = found.items()
+    return value, value, batch_dim

@@ -11,7 +11,14 @@ from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Computation, Instruction
 from hlo_doctor.program.records import user_line
 from hlo_doctor.program.spec_sites import normalize, parse_spec_text
-from hlo_doctor.program.suggest import constraint_code, jax_spec, spec_tuple, torch_spec, with_user_variable
+from hlo_doctor.program.suggest import (
+    constraint_code,
+    jax_spec,
+    rename_value,
+    spec_tuple,
+    torch_spec,
+    with_user_variable,
+)
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
@@ -93,6 +100,10 @@ class ReshardChurn(Rule):
 
     Pick one layout for the value and constrain it the same way everywhere
     (or drop the constraint that disagrees, and let propagation choose).
+    The constraint is written at the line that makes the value (its
+    constraint, or the op before the first reshard); a reshard carries its
+    consumer's line, whose variable is another value, so when no line of
+    the program is recorded for the value the code names it ``<value>``.
 
     ```python
     # JAX: one layout throughout
@@ -145,7 +156,8 @@ class ReshardChurn(Rule):
         for chain in chains:
             finding = self._finding(ctx, chain, gathers)
             if finding is not None:
-                yield with_user_variable(finding, "x")
+                # the code names the value's variable only where the source line makes the value
+                yield with_user_variable(finding, "x") if finding.evidence.get("value_line") else finding
 
     def _finding(self, ctx: RuleContext, chain: list[tuple[_Reshard, set[str]]], gathers) -> Finding | None:
         executions = ctx.executions
@@ -181,7 +193,11 @@ class ReshardChurn(Rule):
             message += f"; {len(extra)} all-gather{'s' if len(extra) != 1 else ''} of the same value add to it"
         message += f": {format_bytes(reshard_bytes + gather_bytes)} sent per device per step for nothing"
         constraint = _constraint_before(first)
-        source_from = constraint if constraint is not None and ctx.user_source(constraint)[0] is not None else None
+        # the line to constrain is the one that makes the value (its constraint, or the op before the first
+        # reshard); a reshard's own line is its consumer's, whose variable is another value
+        source_from = next((i for i in (constraint, first.before) if i is not None
+                            and ctx.user_source(i)[0] is not None), None)
+        makes_value = source_from is not None
         if source_from is None:
             source_from = next((s.instruction for s, _ in chain if ctx.user_source(s.instruction)[0] is not None), None)
         spec = _spec(ctx, first)
@@ -193,6 +209,11 @@ class ReshardChurn(Rule):
         )
         edits, no_edit, line_summary = _one_layout(ctx, source_from, spec)
         summary += line_summary
+        if not makes_value:
+            summary += (f" The value is {first.before.name} ({_dims(first.before_dims)} per device); no line of "
+                        "your code is recorded for it: constrain it where your code makes it.")
+            jax_code = rename_value(jax_code, "x", "<value>") or jax_code
+            torch_code = rename_value(torch_code, "x", "<value>") or torch_code
         return self.finding(
             ctx,
             message,
@@ -206,6 +227,7 @@ class ReshardChurn(Rule):
                                   torch_xla=torch_code, edits=edits, no_edit=no_edit),
             evidence={
                 "pattern": "full-rematerialization" if remat else "back-and-forth",
+                "value_line": makes_value,
                 "reshards": len(chain),
                 "reshard_kinds": [o.kind for o in ops],
                 "layouts_per_device": [list(first.before_dims)] + [list(s.after_dims) for s, _ in chain],
