@@ -298,3 +298,29 @@ def test_zero1_moments_are_optimizer_state_in_both_twins():
     assert bad.classes["optimizer_state"] == 4 * 2**20
     assert fixed.classes["optimizer_state"] == 4 * 2**20 // 8
     assert bad.classes["weights"] == fixed.classes["weights"] == 2 * 2**20  # replicated in both
+
+
+# Hand-written HLO (the CPU backend's parallel-call outlining, as torch_xla 2.9's XLA writes it): the
+# called computation's result is the call's result, one 4 MiB buffer, not two.
+_PARALLEL_CALL = """\
+HloModule parallel_call
+
+%parallel_copy (p: f32[1024,1024]) -> f32[1024,1024] {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  ROOT %copy.clone = f32[1024,1024]{1,0} copy(%p)
+}
+
+ENTRY %main (x: f32[1024,1024]) -> f32[1024,1024] {
+  %x = f32[1024,1024]{1,0} parameter(0)
+  ROOT %call = f32[1024,1024]{1,0} call(%x), to_apply=%parallel_copy
+}
+"""
+
+
+def test_a_calls_result_is_counted_once():
+    from hlo_doctor.hlo import parse_module
+    from hlo_doctor.memory.liveness import module_liveness
+
+    liveness = module_liveness(parse_module(_PARALLEL_CALL))
+    assert liveness is not None
+    assert liveness.peak_bytes == 2 * 4 * 1024 * 1024  # the parameter and the call's result

@@ -66,6 +66,7 @@ CASES = [
     Case("fsdp-activation-gather", "jax", "fsdp-activation-gather/jax-shardy-bad", "shardy"),
     Case("fsdp-activation-gather", "torch_xla", "fsdp-activation-gather/torch_xla-bad"),
     Case("non-batch-dim-sharding", "jax", "non-batch-dim-sharding/jax-gspmd-bad", "gspmd"),
+    Case("non-batch-dim-sharding", "torch_xla", "non-batch-dim-sharding/torch_xla-bad"),
     Case("scan-lost-batch", "jax", "scan-lost-batch/jax-shardy-bad", "shardy"),
     Case("replicated-large-param", "jax", "replicated-large-param/jax-gspmd-bad", "gspmd"),
     Case("cross-host-tp", "jax", "cross-host-tp/jax-gspmd-bad", "gspmd"),

@@ -64,7 +64,8 @@ EXAMPLES: tuple[Example, ...] = (
     Example(
         "non-batch-dim-sharding",
         "data-parallel MLP whose hidden activation is constrained to shard its feature dim",
-        PAIR, devices=4, scripts=_jax("non_batch_dim_sharding"),
+        PAIR, devices=4, scripts={"jax": "non_batch_dim_sharding.py",
+                                  "torch_xla": "non_batch_dim_sharding_torch_xla.py"},
     ),
     Example(
         "cross-host-tp",

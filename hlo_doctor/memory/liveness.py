@@ -118,15 +118,20 @@ def _ranges(computation: Computation) -> tuple[dict[str, tuple[int, int]], dict[
     return ranges, owner
 
 
-def _computation_peak(module: HloModule, computation: Computation, depth: int = 0) -> int:
-    """What a called computation needs beyond its parameters, at its own peak."""
+def _computation_peak(module: HloModule, computation: Computation, depth: int = 0, *,
+                      writes_callers_buffer: bool = False) -> int:
+    """What a called computation needs beyond its parameters, at its own peak; beyond its result too
+    when that is its caller's buffer (a ``call``: the CPU backend's parallel calls write the call's
+    result in place), not a while body's new state (held beside the old one)."""
     if depth > 8:
         return 0
-    liveness = _liveness(module, computation, depth + 1, count_parameters=False)
+    liveness = _liveness(module, computation, depth + 1, count_parameters=False,
+                         count_outputs=not writes_callers_buffer)
     return liveness.peak_bytes
 
 
-def _liveness(module: HloModule, computation: Computation, depth: int, *, count_parameters: bool) -> Liveness:
+def _liveness(module: HloModule, computation: Computation, depth: int, *, count_parameters: bool,
+              count_outputs: bool = True) -> Liveness:
     instructions = computation.instructions
     length = len(instructions)
     ranges, owner = _ranges(computation)
@@ -147,12 +152,15 @@ def _liveness(module: HloModule, computation: Computation, depth: int, *, count_
             for name in instruction.called_computations:
                 called = module.computation(name)
                 if called is not None and called is not computation:
-                    extra = max(extra, _computation_peak(module, called, depth))
+                    extra = max(extra, _computation_peak(module, called, depth,
+                                                         writes_callers_buffer=instruction.opcode == "call"))
             if extra:
                 nested[position] = extra
         size = _own_size(instruction)
         if size <= 0 or instruction.name in in_place:
             continue
+        if not count_outputs and instruction.name in outputs:
+            continue  # the result of a called computation that writes its caller's buffer, counted there
         start, end = ranges.get(instruction.name, (position, position))
         if instruction.name in outputs:
             end = length

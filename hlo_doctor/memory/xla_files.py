@@ -47,6 +47,8 @@ _PARAMETER = re.compile(r"\bparameter (\d+)\b")
 _COLOR = re.compile(r"\bcolor (\d+)\b")
 _SPACE = re.compile(r"^Memory Space: (\S+) \(color=(\d+)\)")
 _TOTAL = re.compile(r"^Total bytes: (\d+)")
+# The report of older XLA builds (torch_xla 2.9's): one memory space, no header, this total first.
+_TOTAL_USED = re.compile(r"^Total bytes used: (\d+)")
 _RANGE = re.compile(r"^\s+(\S+?)(\{[\d,]*\}):(\d+)-(\d+)\s*$")
 _SEQUENCE = re.compile(r"^\s+(\d+):(\S+)\s*$")
 
@@ -134,6 +136,10 @@ def parse_memory_usage_report(text: str) -> dict[int, tuple[str, int]]:
         total = _TOTAL.match(line)
         if total is not None and current is not None and current[1] not in spaces:
             spaces[current[1]] = (current[0], int(total.group(1)))
+            continue
+        used = _TOTAL_USED.match(line)
+        if used is not None and current is None and not spaces:
+            spaces[0] = ("default", int(used.group(1)))
     return spaces
 
 

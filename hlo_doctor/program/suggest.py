@@ -114,6 +114,20 @@ def _target_name(target: ast.expr) -> str | None:
     return None
 
 
+def called_on(path: str | None, line: int | None) -> str | None:
+    """The variable a call statement on ``path``:``line`` passes first (``h`` of
+    ``xs.mark_sharding(h, mesh, spec)`` or of a helper ``mark(h, spec)``), or None."""
+    tree = parsed_program(path) if line else None
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno) and node.value.args:
+            first = node.value.args[0]
+            return first.id if isinstance(first, ast.Name) else None
+    return None
+
+
 def assigned_name(path: str | None, line: int | None) -> str | None:
     """The variable the statement on ``path``:``line`` assigns (``h`` of ``h = x @ w1.T + b1``), or None."""
     tree = parsed_program(path) if line else None

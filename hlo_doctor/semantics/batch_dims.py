@@ -52,7 +52,8 @@ from hlo_doctor.semantics.batch_propagation import (  # noqa: F401 - _Propagatio
 )
 from hlo_doctor.semantics.view import ModuleView
 
-__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "gathered_weight_dim", "meets_batch", "parameter_sharding"]
+__all__ = ["BatchAnalysis", "analyze_batch", "analyze_data_batch", "buffer_donors", "contracted_inputs", "gathered_weight_dim", "meets_batch", "parameter_sharding",
+           "weight_dims"]
 
 _DONOR = re.compile(r"\(\s*(\d+)\s*,")
 
@@ -371,6 +372,22 @@ def meets_batch(module: HloModule, graph: DataflowGraph, data: frozenset[int],
                     if sizes.get(number) in batch_sizes:
                         found.add(number)
     return frozenset(found)
+
+
+def weight_dims(module: HloModule, graph: DataflowGraph, weights: frozenset[int],
+                keys: list[NodeKey]) -> dict[NodeKey, set[int]]:
+    """For each value (by key), its dims that carry a dim of a weight in ``weights``, followed
+    through every op (a dot's output features come from its weight operand's free dim): feature
+    dims, not rows or a sequence."""
+    if module.entry is None or not weights or not keys:
+        return {}
+    values, _ = _followed(module, graph, weights, every_dim=True)
+    found: dict[NodeKey, set[int]] = {}
+    for key in keys:
+        node = graph.id_of(key)
+        bits = values.bits[node] if node is not None else 0
+        found[key] = {dim for dim, _ in values.coding.blocks(bits)} if bits.__class__ is int else set()
+    return found
 
 
 def gathered_weight_dim(module: HloModule, graph: DataflowGraph, weights: frozenset[int],

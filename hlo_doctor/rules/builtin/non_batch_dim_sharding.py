@@ -11,11 +11,23 @@ from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.graph.source import module_path_of, user_frame
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
+from hlo_doctor.hlo.ir_metadata import SourceLocation, StackFrame
 from hlo_doctor.program.levers import user_constraint_respec, with_lever
 from hlo_doctor.program.library_levers import at_flax_rules
 from hlo_doctor.program.module_hooks import forward_hook_lever
 from hlo_doctor.program.records import sharding_call_of
-from hlo_doctor.program.suggest import constraint_code, constraint_edit, with_user_variable
+from hlo_doctor.program.spec_sites import parse_spec_text
+from hlo_doctor.program.suggest import (
+    assigned_name,
+    called_on,
+    constraint_code,
+    constraint_edit,
+    jax_spec,
+    mesh_expression,
+    rename_value,
+    torch_spec,
+    with_user_variable,
+)
 from hlo_doctor.rules._batch import (
     BatchAnalysis,
     analyze_batch,
@@ -24,8 +36,10 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
-from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
+from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, SourceRef, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.rules.context import user_frame as context_user_frame
+from hlo_doctor.semantics.batch_dims import weight_dims
 from hlo_doctor.semantics.execution import execution_counts
 from hlo_doctor.semantics.opclasses import MATMULS, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
 from hlo_doctor.semantics.parameters import updated_parameters
@@ -54,6 +68,18 @@ class NonBatchDimSharding(Rule):
     as in ``activation-all-gather``: the entry parameter with a sharded
     dim 0 that feeds a dot as the lhs with that dim free, followed through
     dots, elementwise ops, broadcasts, reshapes and transposes.
+
+    The batch can also be lost on the operand side of a dot: the program's
+    own constraint (``with_sharding_constraint``, ``mark_sharding``) takes
+    an activation that arrives batch-sharded, leaves its batch dim unsplit
+    and splits a feature dim (a dim that carries a weight's dim, not rows or
+    a sequence) over an axis the batch input is split over, while
+    propagation keeps the matmul before it batch-sharded. The partitioner
+    then reshards at the constraint (an all-to-all) and the next matmul
+    contracts the split features, summing partial products over those
+    axes. That constraint is reported, with its spec rewritten: the batch
+    dim on the input's axes, the features whole. Features split over an axis
+    the batch is not split over are tensor parallelism, not this.
 
     **Why it hurts**
 
@@ -141,6 +167,9 @@ class NonBatchDimSharding(Rule):
                 found = self._judge(analysis, computation.name, instruction)
                 if found is not None:
                     judged.append((computation.name, instruction, found))
+        constraints = self._judge_constraints(ctx, analysis, module, graph, judged)
+        for where, constraint, found in constraints:
+            yield self._constraint_finding(ctx, analysis, where, constraint, found)
         if not judged:
             return
         names = ctx.partitioned_names([(c, i.name) for c, i, _ in judged])
@@ -151,6 +180,124 @@ class NonBatchDimSharding(Rule):
             times = executions[computation].count if computation in executions else 1
             yield self._finding(ctx, analysis, computation, instruction, names.get((computation, instruction.name)),
                                 paths, times, found)
+
+    def _judge_constraints(self, ctx: RuleContext, analysis: BatchAnalysis, module, graph,  # noqa: ANN001
+                           judged: list) -> list[tuple[str, Instruction, tuple]]:
+        """The program's own sharding constraints (``with_sharding_constraint``, ``mark_sharding``) that
+        take an activation arriving batch-sharded, leave its batch dim unsplit and split a feature dim
+        (one that carries a weight's dim: not rows, not a sequence) over an axis the batch input is
+        split over. The partitioner reshards there (an all-to-all), and the next matmul contracts the
+        split features: the batch is lost on its operand side. A constraint on a judged dot's output
+        is that dot's finding already."""
+        mesh = ctx.mesh
+        params = ctx.semantics.parameters
+        weights = params.weights if params is not None else analysis.weights
+        if mesh is None or not weights:
+            return []
+        judged_outputs = {(c, i.name) for c, i, _ in judged}
+        candidates = []
+        for computation in module.computations:
+            for instruction in computation.instructions:
+                if _is_user_constraint(instruction) and not instruction.shape.is_tuple \
+                        and instruction.operands and analysis.batch_dims((computation.name, instruction.name)):
+                    candidates.append((computation, instruction))
+        if not candidates:
+            return []
+        features = weight_dims(module, graph, frozenset(weights), [(c.name, i.name) for c, i in candidates])
+        found = []
+        for computation, constraint in candidates:
+            key = (computation.name, constraint.name)
+            operand_key = (computation.name, constraint.operands[0])
+            if _reaches_back(computation, constraint, judged_outputs):
+                continue
+            tiles = _tiles(constraint.sharding, constraint.shape.rank)
+            operand = analysis.graph.instruction(operand_key) if operand_key in analysis.graph else None
+            in_tiles = _tiles(operand.sharding, operand.shape.rank) if operand is not None \
+                and not operand.shape.is_tuple else None
+            if tiles is None or in_tiles is None or constraint.sharding is None:
+                continue
+            try:
+                per_dim = dim_axes(constraint.sharding, constraint.shape.rank, mesh) or ()
+            except (ValueError, KeyError):
+                continue
+            for batch_dim, param in analysis.batch_dims(key).items():
+                in_dims = [d for d, p in analysis.batch_dims(operand_key).items() if p == param and in_tiles[d] > 1]
+                axes = set(batch_axes(ctx, analysis, param) or ())
+                split = [d for d, t in enumerate(tiles) if t > 1 and d != batch_dim and d in features.get(key, ())
+                         and d < len(per_dim) and {a.split(":(")[0] for a in per_dim[d]} & axes]
+                if tiles[batch_dim] == 1 and in_dims and split:
+                    found.append((computation.name, constraint, (batch_dim, param, split, operand, in_dims[0],
+                                                                 in_tiles[in_dims[0]], per_dim)))
+                    break
+        return found
+
+    def _constraint_finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str,
+                            constraint: Instruction, judged: tuple) -> Finding:
+        batch_dim, param, split, operand, in_dim, in_shards, per_dim = judged
+        axes = batch_axes(ctx, analysis, param)
+        input_name = parameter_name(ctx, analysis.inputs[param])
+        where = ", ".join(f"dim {d} ({constraint.shape.dims[d]}) on {axes_text(per_dim[d])}" for d in split)
+        message = (
+            f"the sharding constraint {constraint.name} ({constraint.shape}) puts the feature {where} and leaves "
+            f"its batch dimension {batch_dim} unsplit, although the activation {operand.name} arrives "
+            f"batch-sharded {in_shards} ways (dim {in_dim}, from the batch input {input_name}): the partitioner "
+            "reshards it there, and a matmul that contracts the split features sums partial products over those "
+            "axes (the batch lost on the operand side of the next layer)"
+        )
+        spec: list = [None] * constraint.shape.rank
+        spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
+        jax_code, torch_code = constraint_code(spec, "h")
+        summary = (f"Write the constraint with the batch dim {batch_dim} on {axes_text(axes)} and the features "
+                   "unsplit, as the activation arrives: the reshard and the partial sums after it go, and each "
+                   "device keeps its own rows.")
+        finding = self.finding(
+            ctx, message, instruction=constraint, related=(operand.name,),
+            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code,
+                                  edits=constraint_edit(spec, ctx.framework, "h")),
+            evidence={
+                "constraint": constraint.name,
+                "shape": str(constraint.shape),
+                "sharding": constraint.sharding.text if constraint.sharding is not None else "",
+                "batch_dim": batch_dim,
+                "sharded_dims": split,
+                "sharded_axes": [list(per_dim[d]) for d in split],
+                "input": operand.name,
+                "input_batch_dim": in_dim,
+                "input_batch_shards": in_shards,
+                "batch_input": input_name,
+                "batch_axes": list(axes or ()),
+                "bytes": constraint.shape.byte_size,
+            },
+        )
+        finding = with_torch_source(ctx, finding, analysis.module, constraint)
+        if finding.source is None:
+            # torch_xla's mark keeps only its own frames in the module: the call is the runner's record's
+            call = _recorded_mark(ctx, constraint, batch_dim, split)
+            if call is not None:
+                finding = dataclasses.replace(finding, source=call)
+        source = finding.source
+        marked = called_on(source.file, source.line) if source is not None else None
+        if source is not None and marked is not None and assigned_name(source.file, source.line) is None \
+                and finding.suggestion is not None:
+            # the line is the sharding call itself: its spec is the fix, written there (a second mark on the
+            # value is refused by torch_xla, and would contradict the first in JAX)
+            suggestion = finding.suggestion
+            written = jax_spec(spec) if ctx.framework == "jax" else torch_spec(spec)
+            mesh = mesh_expression(source.file, source.line) or "mesh"
+            marked_jax = rename_value(rename_value(suggestion.jax, "h", marked), "mesh", mesh)
+            marked_torch = rename_value(rename_value(suggestion.torch_xla, "h", marked), "mesh", mesh)
+            return dataclasses.replace(finding, suggestion=dataclasses.replace(
+                suggestion, jax=marked_jax, torch_xla=marked_torch, edits=(),
+                summary=f"{suggestion.summary} Line {source.line} is that constraint, on {marked}: write {written} "
+                        "as its spec.",
+                no_edit=f"line {source.line} is the constraint itself: its spec is the edit, made by hand"))
+        finding = with_user_variable(finding, "h")
+        if finding.source is None:
+            return finding
+        lever = user_constraint_respec({"sharding_calls": ctx.sharding_calls}, finding.source.file,
+                                       finding.source.line, constraint.shape.dims, batch_dim, spec, ctx.framework,
+                                       finding.source.line)
+        return with_lever(finding, lever, ctx.framework)
 
     def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
         key = (computation, dot.name)
@@ -318,3 +465,52 @@ def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
         return tiles_per_dim(sharding, rank)
     except ValueError:
         return None
+
+
+def _is_user_constraint(instruction: Instruction) -> bool:
+    """A sharding constraint of the program in the propagated module: its ``with_sharding_constraint``
+    or ``mark_sharding`` (which GSPMD's propagation leaves as a copy with torch_xla's op type)."""
+    if sharding_call_of(instruction) is not None:
+        return True
+    metadata = instruction.metadata
+    return instruction.opcode == "copy" and metadata is not None and metadata.op_type == "xla__custom_sharding"
+
+
+def _reaches_back(computation, constraint: Instruction, outputs: set[tuple[str, str]]) -> bool:  # noqa: ANN001
+    """Whether ``constraint``'s operand is, through a few single-operand ops, the output of a judged dot."""
+    name = constraint.operands[0] if constraint.operands else None
+    for _ in range(6):
+        if name is None:
+            return False
+        if (computation.name, name) in outputs:
+            return True
+        op = computation.get(name)
+        if op is None or len(op.operands) != 1:
+            return False
+        name = op.operands[0]
+    return False
+
+
+def _recorded_mark(ctx: RuleContext, constraint: Instruction, batch_dim: int, split: list[int]) -> SourceRef | None:
+    """The program line of the recorded sharding call that made ``constraint``: a call on a value of
+    its shape whose spec leaves ``batch_dim`` whole and splits the ``split`` dims, seen past a helper
+    of the user's that only calls the sharding API (its caller's line); None unless one line does."""
+    lines: set[tuple[str, int]] = set()
+    for call in ctx.sharding_calls:
+        spec = parse_spec_text(str(call.get("spec", "")))
+        if spec is None or tuple(call.get("shape") or ()) != tuple(constraint.shape.dims) \
+                or len(spec) != constraint.shape.rank or spec[batch_dim] is not None \
+                or not all(spec[d] for d in split):
+            continue
+        frames = tuple(StackFrame(str(f.get("file", "")), str(f.get("function", "")), int(f.get("line", 0)))
+                       for f in call.get("stack") or () if isinstance(f, dict) and f.get("file") and f.get("line"))
+        if not frames:
+            continue
+        found, _ = context_user_frame(SourceLocation(frames[0].file, frames[0].line, frames[0].function,
+                                                     None, frames), ctx.traced_function)
+        if found is not None:
+            lines.add((found.file, found.line))
+    if len(lines) != 1:
+        return None
+    ((file, line),) = lines
+    return SourceRef(file, line, None)
