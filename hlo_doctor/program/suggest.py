@@ -118,7 +118,7 @@ def called_on(path: str | None, line: int | None) -> str | None:
     """The variable a call statement on ``path``:``line`` passes first (``h`` of
     ``xs.mark_sharding(h, mesh, spec)`` or of a helper ``mark(h, spec)``), or None."""
     tree = parsed_program(path) if line else None
-    if tree is None:
+    if tree is None or line is None:
         return None
     for node in ast.walk(tree):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
