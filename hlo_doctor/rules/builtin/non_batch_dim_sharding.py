@@ -6,10 +6,12 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from hlo_doctor.errors import ShardingError
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.graph.source import module_path_of, user_frame
+from hlo_doctor.hlo.errors import ParseError
 from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
 from hlo_doctor.hlo.ir_metadata import SourceLocation, StackFrame
 from hlo_doctor.program.levers import user_constraint_respec, with_lever
@@ -167,7 +169,7 @@ class NonBatchDimSharding(Rule):
                 found = self._judge(analysis, computation.name, instruction)
                 if found is not None:
                     judged.append((computation.name, instruction, found))
-        constraints = self._judge_constraints(ctx, analysis, module, graph, judged)
+        constraints = self._judge_constraints(ctx, analysis, module, graph, judged, frozenset(updated))
         for where, constraint, found in constraints:
             yield self._constraint_finding(ctx, analysis, where, constraint, found)
         if not judged:
@@ -182,7 +184,7 @@ class NonBatchDimSharding(Rule):
                                 paths, times, found)
 
     def _judge_constraints(self, ctx: RuleContext, analysis: BatchAnalysis, module, graph,  # noqa: ANN001
-                           judged: list) -> list[tuple[str, Instruction, tuple]]:
+                           judged: list, updated: frozenset[int]) -> list[tuple[str, Instruction, tuple]]:
         """The program's own sharding constraints (``with_sharding_constraint``, ``mark_sharding``) that
         take an activation arriving batch-sharded, leave its batch dim unsplit and split a feature dim
         (one that carries a weight's dim: not rows, not a sequence) over an axis the batch input is
@@ -190,8 +192,15 @@ class NonBatchDimSharding(Rule):
         split features: the batch is lost on its operand side. A constraint on a judged dot's output
         is that dot's finding already."""
         mesh = ctx.mesh
-        params = ctx.semantics.parameters
-        weights = params.weights if params is not None else analysis.weights
+        # the weights from this (propagated) module: the parameters the step updates; an inference
+        # step's from the per-device module's classification, when that module reads
+        weights = updated | analysis.weights
+        if not weights:
+            try:
+                params = ctx.semantics.parameters
+            except (ParseError, ShardingError):
+                params = None  # a damaged partitioned snapshot: the constraints are judged without it
+            weights = params.weights if params is not None else frozenset()
         if mesh is None or not weights:
             return []
         judged_outputs = {(c, i.name) for c, i, _ in judged}
