@@ -128,6 +128,7 @@ class ActivationAllGather(Rule):
         if analysis is None or not analysis.batch_inputs:
             return
         semantics = ctx.semantics
+        self._forward_lines: dict[tuple[str, int], list[int]] | None = None  # made on the first backward gather
         for collective in gathers:
             if collective.bytes_out_per_device < self.options.min_bytes:
                 continue
@@ -137,6 +138,41 @@ class ActivationAllGather(Rule):
             finding = self._check_gather(ctx, analysis, collective)
             if finding is not None:
                 yield finding
+
+    def _lever(self, ctx: RuleContext, analysis: BatchAnalysis, collective: Collective, dot: Instruction,
+               kind: str, param: int) -> tuple[Instruction, Instruction, int] | None:
+        """For a gather of the batch in the backward pass of a JAX step: the op to take the source line
+        from, the forward value of the consuming matmul's line and its batch dim, or None.
+
+        JAX writes a backward matmul with the line of the forward op it differentiates; that line
+        assigns the forward value, not the matmul's output. The forward value is the matmul of that
+        line in the forward pass (the ancestors of the loss) whose result carries the batch input's dim.
+        """
+        if kind != "batch" or ctx.framework != "jax":
+            return None
+        role = ctx.semantics.role_of(collective.computation, collective.instruction)
+        line = ctx.user_source(dot)[0]
+        graph = ctx.semantics.view.graph
+        if role is None or role.phase != "backward" or line is None or graph is None:
+            return None
+        if self._forward_lines is None:  # the forward pass's matmuls by their user line, once per module
+            self._forward_lines = {}
+            for node in sorted(ctx.semantics.forward_nodes):
+                instruction = graph.instruction_at[node]
+                if instruction.opcode in _DOTS and not instruction.shape.is_tuple:
+                    source = ctx.user_source(instruction)[0]
+                    if source is not None:
+                        self._forward_lines.setdefault((source.file, source.line), []).append(node)
+        found: dict[tuple[int, int], Instruction] = {}
+        for node in self._forward_lines.get((line.file, line.line), ()):
+            instruction = graph.instruction_at[node]
+            dims = [d for d, p in analysis.batch_dims(graph.keys[node]).items() if p == param]
+            if len(dims) == 1:
+                found.setdefault((instruction.shape.rank, dims[0]), instruction)
+        if len(found) != 1:
+            return None  # no forward matmul on the line, or several layouts: the value is not known
+        ((_, batch_dim), value), = found.items()
+        return value, value, batch_dim
 
     def _check_gather(self, ctx: RuleContext, analysis: BatchAnalysis, collective: Collective) -> Finding | None:
         graph = analysis.graph
@@ -224,7 +260,7 @@ class ActivationAllGather(Rule):
             f"({format_bytes(collective.bytes_out_per_device)}, {format_bytes(collective.wire_bytes_per_device)} over "
             f"the wire{per_step}) over {group_axes}, and {dot.name} {work}; {alternative}"
         )
-        lever = _lever(ctx, analysis, collective, start, dot, kind, param)
+        lever = self._lever(ctx, analysis, collective, dot, kind, param)
         if lever is not None:
             # the value the consuming matmul's line makes: in the backward pass, the forward value of
             # that line, whose gradient the matmul computes (a constraint holds for the gradient too)
@@ -393,39 +429,3 @@ def _producing_dot(graph, key: NodeKey, limit: int = 8) -> str | None:  # noqa: 
             if instruction.opcode not in ("parameter", "constant"):
                 queue.append(source)
     return None
-
-
-def _lever(ctx: RuleContext, analysis: BatchAnalysis, collective: Collective, start: Instruction,
-           dot: Instruction, kind: str, param: int) -> tuple[Instruction, Instruction, int] | None:
-    """For a gather of the batch in the backward pass of a JAX step: the op to take the source line
-    from, the forward value of the consuming matmul's line and its batch dim, or None.
-
-    JAX writes a backward matmul with the line of the forward op it differentiates; that line
-    assigns the forward value, not the matmul's output. The forward value is the matmul of that
-    line in the forward pass (the ancestors of the loss) whose result carries the batch input's dim.
-    """
-    if kind != "batch" or ctx.framework != "jax":
-        return None
-    role = ctx.semantics.role_of(collective.computation, collective.instruction)
-    line = ctx.user_source(dot)[0]
-    if role is None or role.phase != "backward" or line is None:
-        return None
-    graph = ctx.semantics.view.graph
-    forward = ctx.semantics.forward_nodes
-    if graph is None or not forward:
-        return None
-    found: dict[tuple[int, int], Instruction] = {}
-    for node in forward:
-        instruction = graph.instruction_at[node]
-        if instruction.opcode not in _DOTS or instruction.shape.is_tuple:
-            continue
-        source = ctx.user_source(instruction)[0]
-        if source is None or (source.file, source.line) != (line.file, line.line):
-            continue
-        dims = [d for d, p in analysis.batch_dims(graph.keys[node]).items() if p == param]
-        if len(dims) == 1:
-            found.setdefault((instruction.shape.rank, dims[0]), instruction)
-    if len(found) != 1:
-        return None  # no forward matmul on the line, or several layouts: the value is not known
-    ((_, batch_dim), value), = found.items()
-    return value, value, batch_dim
