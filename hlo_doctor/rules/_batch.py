@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from hlo_doctor.graph.dataflow import DataflowGraph
 from hlo_doctor.graph.dim_maps import DOTS
@@ -266,24 +266,10 @@ def paired_tensor_axes(ctx: RuleContext, params: EntryParameters) -> set[str]:
 def _weight_matmul_upstream(graph: DataflowGraph, starts: list[int], weights: int, data: int) -> int | None:
     """The first matmul with a weights-only operand and a data operand reached backwards from
     ``starts`` without crossing a collective, a parameter or another matmul."""
-    seen, queue = set(starts), list(starts)
-    while queue and len(seen) <= _PAIR_HOPS:
-        node = queue.pop(0)
-        instruction = graph.instruction_at[node]
-        if instruction.opcode in MATMULS:
-            operands = graph.sources_of(node)
-            bits = [graph.parameter_bits(o) for o in operands]
-            if any(b & weights and not b & data for b in bits) and any(b & data for b in bits):
-                return node
-            continue
-        if instruction.opcode in COLLECTIVE_OPCODES or instruction.opcode.endswith(("-start", "-done")) \
-                or instruction.opcode == "parameter":
-            continue
-        for source in graph.sources_of(node):
-            if source not in seen:
-                seen.add(source)
-                queue.append(source)
-    return None
+    def weight_by_data(node: int) -> bool:
+        bits = [graph.parameter_bits(o) for o in graph.sources_of(node)]
+        return any(b & weights and not b & data for b in bits) and any(b & data for b in bits)
+    return _matmul_upstream(graph, starts, weight_by_data)
 
 
 def matmul_traffic_axes(ctx: RuleContext) -> set[str]:
@@ -303,23 +289,27 @@ def matmul_traffic_axes(ctx: RuleContext) -> set[str]:
         if role.role not in ("activation-reduce", "activation-gather") or not axes - found:
             continue
         node = graph.id_of(role.facts.key)
-        if node is not None and _matmul_upstream(graph, graph.sources_of(node)):
+        if node is not None and _matmul_upstream(graph, graph.sources_of(node)) is not None:
             found |= axes
     return found
 
 
-def _matmul_upstream(graph: DataflowGraph, starts: list[int]) -> bool:
-    """Whether a matmul is reached backwards from ``starts`` without crossing a collective or a parameter."""
+def _matmul_upstream(graph: DataflowGraph, starts: list[int],
+                     wanted: Callable[[int], bool] = lambda node: True) -> int | None:
+    """The first matmul that ``wanted`` accepts, reached backwards from ``starts`` without crossing a
+    collective, a parameter or another matmul (one it does not accept ends that path)."""
     seen, queue = set(starts), list(starts)
     while queue and len(seen) <= _PAIR_HOPS:
         node = queue.pop(0)
         opcode = graph.instruction_at[node].opcode
         if opcode in MATMULS:
-            return True
+            if wanted(node):
+                return node
+            continue
         if opcode in COLLECTIVE_OPCODES or opcode.endswith(("-start", "-done")) or opcode == "parameter":
             continue
         for source in graph.sources_of(node):
             if source not in seen:
                 seen.add(source)
                 queue.append(source)
-    return False
+    return None
