@@ -46,3 +46,14 @@ def program_line(program: str, snippet: str) -> int:
     lines = [n for n, text in enumerate((PROGRAMS / program).read_text().splitlines(), 1) if snippet in text]
     assert len(lines) == 1, f"{snippet!r} is on lines {lines} of {program}"
     return lines[0]
+
+
+def probe_dump(folder: Path, propagated: str, partitioned: str | None = None) -> Path:
+    """A dump folder of one hand-written module: its after-propagation snapshot, and its partitioned
+    one (the same text when not given: the rules read the batch axes from the partitioned entry's
+    shardings and the matmuls' from the propagated module)."""
+    (folder / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
+     ).write_text(propagated)
+    (folder / "module_0000.probe.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(
+        propagated if partitioned is None else partitioned)
+    return folder

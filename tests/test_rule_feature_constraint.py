@@ -5,11 +5,10 @@ output): the propagated module, also standing for the partitioned one."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from hlo_doctor.analysis import analyze_dump
+from tests.conftest import probe_dump
 
 # x is split over the 4 devices; h = x @ w arrives batch-sharded at torch_xla's two copies of a mark
 # (the value's sharding, then the mark's), and y = tanh(c) @ w2 contracts c's dim 1.
@@ -29,15 +28,8 @@ ENTRY %main (x: f32[8,16], w: f32[16,32], w2: f32[32,16]) -> f32[8,16] {
 """
 
 
-def _probe(tmp_path: Path, text: str) -> Path:
-    (tmp_path / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
-     ).write_text(text)
-    (tmp_path / "module_0000.probe.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(text)
-    return tmp_path
-
-
 def test_a_mark_that_splits_the_features_over_the_batch_axis_is_found_there(tmp_path):
-    (finding,) = analyze_dump(_probe(tmp_path, _MARKED.replace("SHARDING", "{devices=[1,4]<=[4]}")),
+    (finding,) = analyze_dump(probe_dump(tmp_path, _MARKED.replace("SHARDING", "{devices=[1,4]<=[4]}")),
                               select=["non-batch-dim-sharding"]).findings
     assert finding.instruction == "c"
     evidence = finding.evidence
@@ -53,7 +45,7 @@ def test_a_mark_that_splits_the_features_over_the_batch_axis_is_found_there(tmp_
     "{replicated}",  # replicated, no feature split: the batch regrouped (replicated-batch's concern)
 ])
 def test_a_mark_that_keeps_the_batch_or_splits_no_feature_is_not_this(tmp_path, sharding):
-    assert analyze_dump(_probe(tmp_path, _MARKED.replace("SHARDING", sharding)),
+    assert analyze_dump(probe_dump(tmp_path, _MARKED.replace("SHARDING", sharding)),
                         select=["non-batch-dim-sharding"]).findings == ()
 
 
@@ -61,7 +53,7 @@ def test_features_split_over_a_tensor_axis_are_tensor_parallelism(tmp_path):
     # a 2x2 mesh: the batch on axis 0, the mark's features on axis 1 (not an axis the batch is split over)
     text = _MARKED.replace("{devices=[4,1]<=[4]}", "{devices=[2,1,2]<=[4] last_tile_dim_replicate}").replace(
         "SHARDING", "{devices=[2,2]<=[4]}")
-    assert analyze_dump(_probe(tmp_path, text), select=["non-batch-dim-sharding"]).findings == ()
+    assert analyze_dump(probe_dump(tmp_path, text), select=["non-batch-dim-sharding"]).findings == ()
 
 
 def test_a_sequence_split_over_the_batch_axis_is_not_a_feature_split(tmp_path):
@@ -77,4 +69,4 @@ ENTRY %main (x: f32[8,4,16], w: f32[16,32]) -> f32[8,4,32] {
   ROOT %y = f32[8,4,32]{2,1,0} dot(%c, %w), lhs_contracting_dims={2}, rhs_contracting_dims={0}, sharding={devices=[4,1,1]<=[4]}
 }
 """
-    assert analyze_dump(_probe(tmp_path, text), select=["non-batch-dim-sharding"]).findings == ()
+    assert analyze_dump(probe_dump(tmp_path, text), select=["non-batch-dim-sharding"]).findings == ()

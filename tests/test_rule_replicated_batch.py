@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hlo_doctor.analysis import analyze_dump
+from tests.conftest import probe_dump
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PAIR = FIXTURES / "replicated-batch"
@@ -95,12 +96,8 @@ ENTRY %main (x: f32[8,64], w: f32[64,64]) -> f32[8,64] {
 
 
 def _probe(tmp_path: Path, text: str) -> Path:
-    """The same hand-written module as the propagated and the partitioned snapshot (the rule reads the
-    batch axes from the partitioned entry's shardings and the matmuls' from the propagated one)."""
-    (tmp_path / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
-     ).write_text(text)
-    (tmp_path / "module_0000.probe.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(text)
-    return tmp_path
+    """The same hand-written module as the propagated and the partitioned snapshot."""
+    return probe_dump(tmp_path, text)
 
 
 def test_silent_on_tensor_parallelism(tmp_path):
@@ -255,15 +252,8 @@ ENTRY %main_spmd (x: f32[2,64], w1: f32[64,256], w2: f32[256,64]) -> f32[64,64] 
 """
 
 
-def _two_snapshots(tmp_path: Path, propagated: str, partitioned: str) -> Path:
-    (tmp_path / "module_0000.probe.0000.spmd-partitioner.after_sharding-propagation.before_spmd-partitioning.txt"
-     ).write_text(propagated)
-    (tmp_path / "module_0000.probe.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt").write_text(partitioned)
-    return tmp_path
-
-
 def test_a_regroup_undone_by_propagation_is_found_at_its_constraint_below_the_propagated_bar(tmp_path):
-    (finding,) = analyze_dump(_two_snapshots(tmp_path, _UNDONE_PROPAGATED, _UNDONE_PARTITIONED),
+    (finding,) = analyze_dump(probe_dump(tmp_path, _UNDONE_PROPAGATED, _UNDONE_PARTITIONED),
                               select=["replicated-batch"]).findings
     assert finding.instruction == "c" and finding.evidence["regrouped"] is True
     assert finding.evidence["repeated_flops_fraction"] == pytest.approx(0.2)  # g: 32,768 of 163,840 FLOPs
@@ -275,7 +265,7 @@ def test_without_the_programs_constraint_the_partitioners_regroup_is_left_to_the
     propagated = _UNDONE_PROPAGATED.replace(
         'custom-call(%y), custom_call_target="Sharding", sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}',
         "copy(%y), sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}")
-    assert analyze_dump(_two_snapshots(tmp_path, propagated, _UNDONE_PARTITIONED),
+    assert analyze_dump(probe_dump(tmp_path, propagated, _UNDONE_PARTITIONED),
                         select=["replicated-batch"]).findings == ()
 
 

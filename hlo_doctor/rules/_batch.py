@@ -242,10 +242,7 @@ def paired_tensor_axes(ctx: RuleContext, params: EntryParameters) -> set[str]:
     graph = ctx.semantics.view.graph
     if graph is None:
         return set()
-    weights = 0
-    for number in params.weights:
-        weights |= 1 << number
-    data = params.data_mask()
+    weights, data = params.weight_mask(), params.data_mask()
     found: set[str] = set()
     for role in ctx.semantics.roles:
         axes = {a.split(":(")[0] for a in role.facts.op.mesh_axes or ()}

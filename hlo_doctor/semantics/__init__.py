@@ -36,7 +36,15 @@ from hlo_doctor.semantics.cost import CostModel
 from hlo_doctor.semantics.critical_path import ByteAccount, CollectiveBytes, account_bytes
 from hlo_doctor.semantics.execution import Executions, execution_counts
 from hlo_doctor.semantics.parameters import EntryParameters, classify_parameters
-from hlo_doctor.semantics.roles import ACTIVATION_ROLES, ROLES, CollectiveRole, OperandRole, assign_roles, loss_nodes
+from hlo_doctor.semantics.roles import (
+    ACTIVATION_ROLES,
+    ROLES,
+    CollectiveRole,
+    OperandRole,
+    assign_roles,
+    forward_pass,
+    loss_nodes,
+)
 from hlo_doctor.semantics.view import ModuleView
 
 if TYPE_CHECKING:
@@ -108,8 +116,7 @@ class ModuleSemantics:
         graph, params = self.view.graph, self.parameters
         if graph is None or params is None:
             return frozenset()
-        losses = loss_nodes(graph, params)
-        return frozenset(graph.reach_ids(losses, forward=False)) if losses else frozenset()
+        return forward_pass(graph, loss_nodes(graph, params))
 
     @cached_property
     def roles(self) -> tuple[CollectiveRole, ...]:

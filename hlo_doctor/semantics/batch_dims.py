@@ -385,9 +385,14 @@ def weight_dims(module: HloModule, graph: DataflowGraph, weights: frozenset[int]
     found: dict[NodeKey, set[int]] = {}
     for key in keys:
         node = graph.id_of(key)
-        bits = values.bits[node] if node is not None else 0
-        found[key] = {dim for dim, _ in values.coding.blocks(bits)} if bits.__class__ is int else set()
+        found[key] = _carried(values, node) if node is not None else set()
     return found
+
+
+def _carried(values: PairValues, node: int) -> set[int]:
+    """The dims of ``node`` that carry a followed dim."""
+    bits = values.bits[node]
+    return {dim for dim, _ in values.coding.blocks(bits)} if bits.__class__ is int else set()
 
 
 def gathered_weight_dim(module: HloModule, graph: DataflowGraph, weights: frozenset[int],
@@ -407,7 +412,5 @@ def gathered_weight_dim(module: HloModule, graph: DataflowGraph, weights: frozen
         if not operands or operands[0] == NO_NODE or not dims:
             found[key] = False
             continue
-        bits = values.bits[operands[0]]
-        carried = {dim for dim, _ in values.coding.blocks(bits)} if bits.__class__ is int else set()
-        found[key] = dims[0] in carried
+        found[key] = dims[0] in _carried(values, operands[0])
     return found

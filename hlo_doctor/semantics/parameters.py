@@ -61,10 +61,11 @@ class EntryParameters:
 
     def data_mask(self) -> int:
         """The data inputs as bits of parameter numbers (as the graph's ``parameter_bits``)."""
-        bits = 0
-        for number in self.data:
-            bits |= 1 << number
-        return bits
+        return _bits(self.data)
+
+    def weight_mask(self) -> int:
+        """The weights as bits of parameter numbers (as the graph's ``parameter_bits``)."""
+        return _bits(self.weights)
 
     def kind(self, number: int) -> str:
         if number in self.scalars:
@@ -259,3 +260,10 @@ def updates_of(computation: Computation, value: Instruction, params: Mapping[str
                     operand.shape.dims == current.shape.dims or operand.shape.rank == 0):
                 stack.append((operand, arithmetic))
     return found
+
+
+def _bits(numbers: frozenset[int]) -> int:
+    bits = 0
+    for number in numbers:
+        bits |= 1 << number
+    return bits

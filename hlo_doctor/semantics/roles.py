@@ -63,6 +63,7 @@ __all__ = [
     "CollectiveRole",
     "OperandRole",
     "assign_roles",
+    "forward_pass",
     "loss_nodes",
 ]
 
@@ -113,8 +114,8 @@ class _Judge:
         self.graph = graph
         self.params = params
         self.batch = batch
-        self.data_mask = _mask(params.data)
-        self.weight_mask = _mask(params.weights)
+        self.data_mask = params.data_mask()
+        self.weight_mask = params.weight_mask()
         self._ordered: dict[int, tuple[int, ...]] = {}
         self._contracting: dict[int, bool] = {}  # matmul node -> whether it contracts a batch dim
         self._shared_ints: list[int] = []
@@ -422,17 +423,10 @@ class _Judge:
     @cached_property
     def forward_nodes(self) -> frozenset[int]:
         """The nodes the step's loss derives from: its forward pass (empty when it has no loss)."""
-        return frozenset(self.graph.reach_ids(self.losses, forward=False)) if self.losses else frozenset()
+        return forward_pass(self.graph, self.losses)
 
     def _is_parameter_value(self, node: int) -> bool:
         return is_parameter_value(self.graph, node)
-
-
-def _mask(numbers) -> int:  # noqa: ANN001
-    bits = 0
-    for number in numbers:
-        bits |= 1 << number
-    return bits
 
 
 def _numbers(bits: int) -> frozenset[int]:
@@ -527,6 +521,11 @@ def _phases(graph: DataflowGraph, params: EntryParameters, judged, judge: _Judge
         else:
             out.append("unknown")
     return out
+
+
+def forward_pass(graph: DataflowGraph, losses: list[int]) -> frozenset[int]:
+    """The nodes the ``losses`` derive from: the step's forward pass (empty without a loss)."""
+    return frozenset(graph.reach_ids(losses, forward=False)) if losses else frozenset()
 
 
 def loss_nodes(graph: DataflowGraph, params: EntryParameters) -> list[int]:

@@ -140,9 +140,9 @@ class ActivationAllGather(Rule):
                 yield finding
 
     def _lever(self, ctx: RuleContext, analysis: BatchAnalysis, collective: Collective, dot: Instruction,
-               kind: str, param: int) -> tuple[Instruction, Instruction, int] | None:
-        """For a gather of the batch in the backward pass of a JAX step: the op to take the source line
-        from, the forward value of the consuming matmul's line and its batch dim, or None.
+               kind: str, param: int) -> tuple[Instruction, int] | None:
+        """For a gather of the batch in the backward pass of a JAX step: the forward value of the
+        consuming matmul's line (whose line the finding takes) and its batch dim, or None.
 
         JAX writes a backward matmul with the line of the forward op it differentiates; that line
         assigns the forward value, not the matmul's output. The forward value is the matmul of that
@@ -172,7 +172,7 @@ class ActivationAllGather(Rule):
         if len(found) != 1:
             return None  # no forward matmul on the line, or several layouts: the value is not known
         ((_, batch_dim), value), = found.items()
-        return value, value, batch_dim
+        return value, batch_dim
 
     def _check_gather(self, ctx: RuleContext, analysis: BatchAnalysis, collective: Collective) -> Finding | None:
         graph = analysis.graph
@@ -264,7 +264,8 @@ class ActivationAllGather(Rule):
         if lever is not None:
             # the value the consuming matmul's line makes: in the backward pass, the forward value of
             # that line, whose gradient the matmul computes (a constraint holds for the gradient too)
-            source_from, forward_value, forward_dim = lever
+            forward_value, forward_dim = lever
+            source_from = forward_value
             spec = [None] * forward_value.shape.rank
             spec[forward_dim] = axes or (f"<axes of {input_name}'s batch>",)
             jax_code, torch_code = constraint_code(spec, "h")

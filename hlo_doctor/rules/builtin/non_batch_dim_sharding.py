@@ -212,7 +212,7 @@ class NonBatchDimSharding(Rule):
                     candidates.append((computation, instruction))
         if not candidates:
             return []
-        features = weight_dims(module, graph, frozenset(weights), [(c.name, i.name) for c, i in candidates])
+        features = weight_dims(module, graph, weights, [(c.name, i.name) for c, i in candidates])
         found = []
         for computation, constraint in candidates:
             key = (computation.name, constraint.name)

@@ -156,8 +156,7 @@ class ReshardChurn(Rule):
         for chain in chains:
             finding = self._finding(ctx, chain, gathers)
             if finding is not None:
-                # the code names the value's variable only where the source line makes the value
-                yield with_user_variable(finding, "x") if finding.evidence.get("value_line") else finding
+                yield finding
 
     def _finding(self, ctx: RuleContext, chain: list[tuple[_Reshard, set[str]]], gathers) -> Finding | None:
         executions = ctx.executions
@@ -214,7 +213,7 @@ class ReshardChurn(Rule):
                         "your code is recorded for it: constrain it where your code makes it.")
             jax_code = rename_value(jax_code, "x", "<value>") or jax_code
             torch_code = rename_value(torch_code, "x", "<value>") or torch_code
-        return self.finding(
+        finding = self.finding(
             ctx,
             message,
             instruction=first.instruction,
@@ -238,6 +237,8 @@ class ReshardChurn(Rule):
                 "mesh_axes": list(first.op.mesh_axes) if first.op.mesh_axes else None,
             },
         )
+        # the code names the value's variable only where the source line makes the value
+        return with_user_variable(finding, "x") if makes_value else finding
 
 
 def _reshard_step(op: Collective, instruction: Instruction, computation: Computation, users) -> _Reshard | None:
