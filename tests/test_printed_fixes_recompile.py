@@ -72,6 +72,9 @@ CASES = [
     Case("cross-host-tp", "jax", "cross-host-tp/jax-gspmd-bad", "gspmd"),
     Case("transposed-mesh", "jax", "transposed-mesh/jax-gspmd-bad", "gspmd"),
     Case("reshard-churn", "jax", "reshard-churn/jax-gspmd-bad", "gspmd"),
+    # constraints in turn: the printed layout written on each line that moved the value on
+    Case("constraint-chain", "jax", "constraint-chain/jax-gspmd-bad", "gspmd"),
+    Case("constraint-chain", "torch_xla", "constraint-chain/torch_xla-bad", verbatim=False, value="('data', None, None)"),
     # advice that is not code: the patch writes the value the fix names
     Case("uneven-padding", "jax", "uneven-padding/jax-gspmd-bad", "gspmd", verbatim=False, value="50304"),
     Case("replicated-batch", "jax", "replicated-batch/jax-gspmd-bad", "gspmd", verbatim=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -164,9 +165,33 @@ def test_back_and_forth_all_to_all_chain():
     assert finding.suggestion.torch_xla == "xs.mark_sharding(x, mesh, ('x', None))"
 
 
+@pytest.mark.parametrize("folder", ["constraint-chain/jax-shardy-bad", "constraint-chain/jax-gspmd-bad"])
+def test_constraints_in_turn_are_one_chain_with_the_layout_to_keep(folder):
+    # lines 47-50 constrain one value, through the program's helper `constrain` (line 39), to the rows,
+    # the sequence, the features and the sequence in turn: the reshards between them (and the gradient's
+    # back through the same constraints) are one finding at the first constraint's caller line
+    _, found = _findings(folder, CHURN)
+    assert len(found) == 1
+    finding = found[0]
+    ev = finding.evidence
+    assert ev["pattern"] == "conflicting-constraints"
+    assert ev["constraint_lines"] == [48, 49, 50]
+    assert finding.source is not None and finding.source.line == 47
+    assert ev["helper_line"].endswith("constraint_chain.py:39 (main.<locals>.constrain)")
+    # per device on 4 devices: rows [4,64,256], the sequence [16,16,256], the features [16,64,64]
+    assert ev["layouts_per_device"][:4] == [[4, 64, 256], [16, 16, 256], [16, 64, 64], [16, 16, 256]]
+    assert "lines 48, 49 and 50" in finding.message
+    # the layout to keep is the first constraint's (the batch split), never one the others ask for
+    assert finding.suggestion.jax.endswith("h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P('data', None, None)))")
+    # every all-to-all of the step is this one cause's (the fixed twin has none)
+    text = next((FIXTURES / folder).glob("*after_spmd-partitioning*.txt")).read_text()
+    all_to_alls = set(re.findall(r"%(all-to-all(?:\.\d+)?) = ", text))
+    assert len(all_to_alls) > 3 and all_to_alls <= {finding.instruction, *finding.related}
+
+
 @pytest.mark.parametrize(
     "folder",
-    ["reshard-churn/jax-shardy-fixed", "non-batch-dim-sharding/jax-shardy-bad", "fsdp-activation-gather/jax-shardy-bad",
+    ["reshard-churn/jax-shardy-fixed", "constraint-chain/jax-shardy-fixed", "constraint-chain/jax-gspmd-fixed", "non-batch-dim-sharding/jax-shardy-bad", "fsdp-activation-gather/jax-shardy-bad",
      "llama-2d/jax-shardy-healthy", "llama-scan/jax-shardy-healthy", "train-step/jax-shardy-healthy",
      "replicated-large-param/jax-shardy-fixed"],
 )
@@ -305,3 +330,20 @@ def test_the_fix_constrains_the_value_at_the_line_that_makes_it(tmp_path, value_
         # never h (line 3 assigns the matmul's output, not the resharded value): a visible placeholder
         assert finding.source.line == 3 and "(<value>, " in finding.suggestion.jax
         assert "h = " not in finding.suggestion.jax and "no line of your code is recorded" in finding.suggestion.summary
+
+
+def test_marks_in_turn_are_one_chain_in_torch_xla():
+    # torch_xla: a mark on each new value, through the program's helper; the mark's own frame is
+    # torch_xla's, so each line is its reshard's (the statement whose op takes the new layout)
+    _, found = _findings("constraint-chain/torch_xla-bad", CHURN)
+    assert len(found) == 1
+    finding = found[0]
+    assert finding.evidence["pattern"] == "conflicting-constraints"
+    assert finding.evidence["constraint_lines"] == [51, 52, 53]
+    assert finding.evidence["layouts_per_device"] == [[4, 64, 256], [16, 16, 256], [16, 64, 64], [16, 16, 256]]
+    assert finding.suggestion.torch_xla == "xs.mark_sharding(h, self.mesh, ('data', None, None))"
+    # the second block gathering the sequence-split value back is this cause's symptom
+    report = analyze_dump(FIXTURES / "constraint-chain" / "torch_xla-bad")
+    (churn,) = [f for f in report.findings if f.rule == CHURN]
+    assert [f.rule for f in report.findings] == [CHURN]
+    assert {s["instruction"] for s in churn.evidence["symptoms"]} == {"all-gather", "all-gather.1"}

@@ -70,3 +70,39 @@ ENTRY %main (x: f32[8,4,16], w: f32[16,32]) -> f32[8,4,32] {
 }
 """
     assert analyze_dump(probe_dump(tmp_path, text), select=["non-batch-dim-sharding"]).findings == ()
+
+
+# A matmul whose batch dim is whole and whose sequence dim is split over the batch's axis, after the
+# program's own constraint that asks for that layout (the link of a chain such as
+# P(None, 'data', None) on [B, S, D]): propagation carried the program's layout there, not a choice of
+# the partitioner's. SEQUENCE_MARK is the constraint on h (JAX's sharding custom-call); without it the
+# matmul's layout is the partitioner's, and the dot is judged.
+_SEQUENCE_LAYOUT = """\
+HloModule probe_sequence_layout, num_partitions=4
+
+ENTRY %main (x: f32[8,4,16], w: f32[16,32], w2: f32[32,16]) -> f32[8,4,16] {
+  %x = f32[8,4,16]{2,1,0} parameter(0), sharding={devices=[4,1,1]<=[4]}, metadata={op_name="x"}
+  %w = f32[16,32]{1,0} parameter(1), sharding={replicated}, metadata={op_name="w"}
+  %w2 = f32[32,16]{1,0} parameter(2), sharding={replicated}, metadata={op_name="w2"}
+  %h = f32[8,4,32]{2,1,0} dot(%x, %w), lhs_contracting_dims={2}, rhs_contracting_dims={0}, sharding={devices=[1,4,1]<=[4]}
+  %t = f32[8,4,32]{2,1,0} tanh(%h), sharding={devices=[1,4,1]<=[4]}
+SEQUENCE_MARK
+  ROOT %y = f32[8,4,16]{2,1,0} dot(%c, %w2), lhs_contracting_dims={2}, rhs_contracting_dims={0}, sharding={devices=[1,4,1]<=[4]}
+}
+"""
+_MARK = ('  %c = f32[8,4,32]{2,1,0} custom-call(%t), custom_call_target="Sharding", '
+         'sharding={devices=[1,4,1]<=[4]}, metadata={op_name="jit(step)/sharding_constraint"}')
+_NO_MARK = '  %c = f32[8,4,32]{2,1,0} negate(%t), sharding={devices=[1,4,1]<=[4]}'
+
+
+def test_a_sequence_split_the_program_asks_for_is_not_judged_at_its_matmuls(tmp_path):
+    found = analyze_dump(probe_dump(tmp_path, _SEQUENCE_LAYOUT.replace("SEQUENCE_MARK", _MARK)),
+                         select=["non-batch-dim-sharding"]).findings
+    assert found == ()
+
+
+def test_the_same_sequence_split_without_a_constraint_is_the_partitioners(tmp_path):
+    (finding,) = analyze_dump(probe_dump(tmp_path, _SEQUENCE_LAYOUT.replace("SEQUENCE_MARK", _NO_MARK)),
+                              select=["non-batch-dim-sharding"]).findings
+    assert finding.instruction == "h"
+    assert (finding.evidence["batch_dim"], finding.evidence["sharded_dims"]) == (0, [1])

@@ -107,6 +107,12 @@ EXAMPLES: tuple[Example, ...] = (
         PAIR, devices=4, scripts=_jax("reshard_churn"),
     ),
     Example(
+        "constraint-chain",
+        "a training step whose constraints move one activation through four layouts in a row (rows, sequence, "
+        "features, sequence), through a helper the program calls from each line",
+        PAIR, devices=4, scripts={"jax": "constraint_chain.py", "torch_xla": "constraint_chain_torch_xla.py"},
+    ),
+    Example(
         "uneven-padding",
         "vocabulary of 50257 sharded 8 ways, padded on every shard (fixed: 50304)",
         PAIR, devices=8, scripts=_jax("uneven_padding"),

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import re
 
-from hlo_doctor.hlo.ir import Instruction, SourceLocation, StackFrame
+from hlo_doctor.hlo.ir import Instruction, SourceLocation, StackFrame, StackFrameTables
 
-__all__ = ["frames_of", "is_library_file", "module_path_of", "split_module_path", "user_frame", "user_frame_of"]
+__all__ = ["frames_of", "helper_lines", "is_library_file", "module_path_of", "split_module_path", "user_frame", "user_frame_of"]
 
 _LIBRARY = re.compile(
     r"(?:^|/)(?:site-packages|dist-packages|jax|jaxlib|torch|torch_xla|xla|flax|optax|haiku"
@@ -49,6 +49,24 @@ def user_frame(source: SourceLocation | None) -> StackFrame | None:
         if frame.file and not is_library_file(frame.file):
             return frame
     return None
+
+
+def helper_lines(tables: StackFrameTables) -> frozenset[tuple[str, int]]:
+    """The user's lines inside a helper that several lines of the user's code call: across the
+    module's frame chains, a user frame whose caller (the next user frame outwards, library frames
+    between skipped) is not always the same line. A layer called in a loop from one line is not
+    one; a norm called before the attention and before the MLP is. A caller that is also further
+    out in another chain of the line is not another call site: JAX traces a rematerialized
+    function again from the line that takes the gradient, an outer frame of the first call."""
+    callers: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    outer: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    for frame_id in tables.stack_frames:
+        user = [(frame.file, frame.line) for frame in tables.resolve(frame_id)
+                if frame.file and not is_library_file(frame.file)]
+        for position, line in enumerate(user[:-1]):
+            callers.setdefault(line, set()).add(user[position + 1])
+            outer.setdefault(line, set()).update(user[position + 2:])
+    return frozenset(line for line, called_from in callers.items() if len(called_from - outer[line]) > 1)
 
 
 def frames_of(instruction: Instruction) -> tuple[StackFrame, ...]:

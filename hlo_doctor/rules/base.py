@@ -114,10 +114,15 @@ class Rule:
         if instruction is not None:
             file = instruction.origin.path
             line = instruction.position.line
+        evidence = dict(evidence or {})
         if where is not None:
             source, library_only = ctx.user_source(where)
             if source is None and library_only:
                 message += " (the dump records only library frames for this op, no line of your code)"
+            helper = ctx.helper_source(where)
+            if helper is not None:  # the op's own line, in a helper of the user's: its caller's is reported
+                evidence.setdefault("helper_line", f"{helper.file}:{helper.line}"
+                                    + (f" ({helper.function})" if helper.function else ""))
         metadata = instruction.metadata if instruction is not None else None
         return Finding(
             rule=self.id,
@@ -130,7 +135,7 @@ class Rule:
             line=line,
             source=source,
             suggestion=suggestion,
-            evidence=dict(evidence or {}),
+            evidence=evidence,
             signature=finding_signature(source, instruction, name),  # the engine makes the fingerprint
             op_name=metadata.op_name if metadata is not None else None,
         )

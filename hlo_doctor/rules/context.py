@@ -20,7 +20,7 @@ from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
-from hlo_doctor.graph.source import is_library_file
+from hlo_doctor.graph.source import helper_lines, is_library_file
 from hlo_doctor.program.locate import SourceSettings
 from hlo_doctor.program.records import record_entries, sharding_calls_in
 from hlo_doctor.program.source import program_line
@@ -63,6 +63,8 @@ class RuleContext:
         self.dump = dump
         self.module = module
         self.options = options or AnalysisOptions()
+        # frame tables (kept, so that their id stays theirs) -> the helper lines of their chains
+        self._helpers: dict[int, tuple[object, frozenset[tuple[str, int]]]] = {}
         # Set in a worker process (see hlo_doctor.rules.parallel): names after partitioning
         # are then left to the parent, as placeholder -> (after-propagation key, TwinRef).
         self.pending_names: dict[str, tuple] | None = None
@@ -298,7 +300,29 @@ class RuleContext:
         location = instruction.source
         if location is None:
             return None, False
-        return user_frame(location, self.traced_function)
+        return user_frame(location, self.traced_function, self._helper_lines(instruction))
+
+    def helper_source(self, instruction: Instruction) -> SourceRef | None:
+        """The user's innermost line of an op when :meth:`user_source` reports another (the line of
+        the helper it is in, whose caller's line is reported), else None."""
+        location = instruction.source
+        if location is None:
+            return None
+        innermost = next((f for f in location.frames if f.file and not is_library_file(f.file)), None)
+        reported, _ = self.user_source(instruction)
+        if innermost is None or reported is None or (innermost.file, innermost.line) == (reported.file, reported.line):
+            return None
+        return SourceRef(innermost.file, innermost.line, innermost.function or None)
+
+    def _helper_lines(self, instruction: Instruction) -> frozenset[tuple[str, int]]:
+        """:func:`~hlo_doctor.graph.source.helper_lines` of the instruction's module, read once per module."""
+        tables = instruction.frame_tables
+        if tables is None:
+            return frozenset()
+        found = self._helpers.get(id(tables))
+        if found is None:
+            found = self._helpers[id(tables)] = (tables, helper_lines(tables))
+        return found[1]
 
     @cached_property
     def traced_function(self) -> str | None:
@@ -394,13 +418,16 @@ class RuleContext:
         return {i.name: i for _, i in module.instructions()}
 
 
-def user_frame(location: SourceLocation, traced: str | None = None) -> tuple[SourceRef | None, bool]:
+def user_frame(location: SourceLocation, traced: str | None = None,
+               helpers: frozenset[tuple[str, int]] = frozenset()) -> tuple[SourceRef | None, bool]:
     """The user's frame of ``location`` and whether every frame was a library's.
 
-    The innermost frame of the user's code, unless that line only calls a sharding API from
-    a helper of the user's (``return with_sharding_constraint(x, ...)`` in ``constrain``):
-    then the helper's caller, walking outwards up to the traced function ``traced``
-    (``mlp`` of ``jit_mlp``), which is where the user writes the fix.
+    The innermost frame of the user's code, unless that line is in a helper of the user's:
+    one that only calls a sharding API (``return with_sharding_constraint(x, ...)`` in
+    ``constrain``), or one of ``helpers``, lines whose function several lines of the user's
+    call (:func:`~hlo_doctor.graph.source.helper_lines`, read from the dump's frames alone).
+    Then the helper's caller, walking outwards up to the traced function ``traced`` (``mlp``
+    of ``jit_mlp``), which is where the user writes the fix.
     """
     frames = location.frames or ()
     if not frames:
@@ -411,10 +438,14 @@ def user_frame(location: SourceLocation, traced: str | None = None) -> tuple[Sou
     if not user:
         return None, True
     chosen = user[0]
-    for frame in user:
+    for index, frame in enumerate(user):
         chosen = frame
         function = (frame.function or "").rsplit(".", 1)[-1]
-        if function == traced or not _calls_sharding_api(frame.file, frame.line):
+        if function == traced or index + 1 == len(user):
+            break
+        # past a helper several lines call; past the innermost line when it only calls a sharding API
+        # (the body of a constraint helper: a line further out that calls one is the user's own call)
+        if (frame.file, frame.line) not in helpers and not (index == 0 and calls_sharding_api(frame.file, frame.line)):
             break
     return SourceRef(chosen.file, chosen.line, chosen.function or None), False
 
@@ -423,7 +454,7 @@ _SHARDING_CALLS = re.compile(r"\b(with_sharding_constraint|mark_sharding|with_lo
                              r"device_put)\s*\(")
 
 
-def _calls_sharding_api(path: str, line: int) -> bool:
+def calls_sharding_api(path: str, line: int) -> bool:
     """Whether the source line calls a sharding API (the body of a constraint helper)."""
     text = program_line(path, line) if path and line else ""
     return bool(_SHARDING_CALLS.search(text))

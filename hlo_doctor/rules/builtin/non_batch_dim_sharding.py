@@ -12,7 +12,7 @@ from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.graph.source import module_path_of, user_frame
 from hlo_doctor.hlo.errors import ParseError
-from hlo_doctor.hlo.ir import Instruction, Sharding, ShardingKind
+from hlo_doctor.hlo.ir import Computation, Instruction, Sharding, ShardingKind
 from hlo_doctor.hlo.ir_metadata import SourceLocation, StackFrame
 from hlo_doctor.program.levers import user_constraint_respec, with_lever
 from hlo_doctor.program.library_levers import at_flax_rules
@@ -37,6 +37,11 @@ from hlo_doctor.rules._batch import (
     batch_axes,
     parameter_name,
     with_torch_source,
+)
+from hlo_doctor.rules._program_layouts import (
+    batch_move,
+    program_constraints,
+    requested_batch_moves,
 )
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, SourceRef, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -82,6 +87,16 @@ class NonBatchDimSharding(Rule):
     axes. That constraint is reported, with its spec rewritten: the batch
     dim on the input's axes, the features whole. Features split over an axis
     the batch is not split over are tensor parallelism, not this.
+
+    A move of the batch's axes that the program asks for is not the
+    partitioner's: when a constraint of the program leaves the batch dim
+    whole and puts those axes on the rows or the sequence (``P(None,
+    'data', None)`` on ``[B, S, D]``), or a link of a chain of constraints
+    puts them on any dim, a dot that shows the same move (the same axes, on
+    a sequence or a feature dim alike) carries the program's layout, which
+    propagation spread to it (JAX constrains the gradient alike, so backward
+    dots take it too). It is judged at the constraints (``reshard-churn``
+    when they disagree), not at each dot.
 
     **Why it hurts**
 
@@ -169,9 +184,21 @@ class NonBatchDimSharding(Rule):
                 found = self._judge(analysis, computation.name, instruction)
                 if found is not None:
                     judged.append((computation.name, instruction, found))
-        constraints = self._judge_constraints(ctx, analysis, module, graph, judged, frozenset(updated))
-        for where, constraint, found in constraints:
-            yield self._constraint_finding(ctx, analysis, where, constraint, found)
+        user_constraints = program_constraints(module, analysis)
+        if user_constraints:
+            weights = _weights(ctx, analysis, frozenset(updated))
+            keys = [(c.name, i.name) for c, i in user_constraints] + [(c, i.name) for c, i, _ in judged]
+            features = weight_dims(module, graph, weights, keys) if weights else {}
+            if judged and weights and ctx.mesh is not None:
+                # the batch's axes moved to another dim by the program's own constraint (onto a sequence,
+                # or by a link of a chain of them), propagated to a matmul: the program's layout, judged at
+                # its constraints (reshard-churn when they disagree), not a choice of the partitioner's
+                moves = requested_batch_moves(analysis, user_constraints, features, ctx.mesh)
+                judged = [(c, i, found) for c, i, found in judged
+                          if batch_move(analysis, (c, i.name), found[0], features, ctx.mesh) not in moves]
+            for where, constraint, found in self._judge_constraints(ctx, analysis, judged, weights,
+                                                                    user_constraints, features):
+                yield self._constraint_finding(ctx, analysis, where, constraint, found)
         if not judged:
             return
         names = ctx.partitioned_names([(c, i.name) for c, i, _ in judged])
@@ -183,36 +210,20 @@ class NonBatchDimSharding(Rule):
             yield self._finding(ctx, analysis, computation, instruction, names.get((computation, instruction.name)),
                                 paths, times, found)
 
-    def _judge_constraints(self, ctx: RuleContext, analysis: BatchAnalysis, module, graph,  # noqa: ANN001
-                           judged: list, updated: frozenset[int]) -> list[tuple[str, Instruction, tuple]]:
+    def _judge_constraints(self, ctx: RuleContext, analysis: BatchAnalysis, judged: list, weights: frozenset[int],
+                           candidates: list[tuple[Computation, Instruction]],
+                           features: Mapping[tuple[str, str], set[int]]) -> list[tuple[str, Instruction, tuple]]:
         """The program's own sharding constraints (``with_sharding_constraint``, ``mark_sharding``) that
         take an activation arriving batch-sharded, leave its batch dim unsplit and split a feature dim
         (one that carries a weight's dim: not rows, not a sequence) over an axis the batch input is
         split over. The partitioner reshards there (an all-to-all), and the next matmul contracts the
         split features: the batch is lost on its operand side. A constraint on a judged dot's output
-        is that dot's finding already."""
+        is that dot's finding already. ``candidates``: the program's constraints on activations
+        (:func:`~hlo_doctor.rules._program_layouts.program_constraints`); ``features``: their dims that carry a weight's dim."""
         mesh = ctx.mesh
-        # the weights from this (propagated) module: the parameters the step updates; an inference
-        # step's from the per-device module's classification, when that module reads
-        weights = updated | analysis.weights
-        if not weights:
-            try:
-                params = ctx.semantics.parameters
-            except (ParseError, ShardingError):
-                params = None  # a damaged partitioned snapshot: the constraints are judged without it
-            weights = params.weights if params is not None else frozenset()
-        if mesh is None or not weights:
+        if mesh is None or not weights or not candidates:
             return []
         judged_outputs = {(c, i.name) for c, i, _ in judged}
-        candidates = []
-        for computation in module.computations:
-            for instruction in computation.instructions:
-                if _is_user_constraint(instruction) and not instruction.shape.is_tuple \
-                        and instruction.operands and analysis.batch_dims((computation.name, instruction.name)):
-                    candidates.append((computation, instruction))
-        if not candidates:
-            return []
-        features = weight_dims(module, graph, weights, [(c.name, i.name) for c, i in candidates])
         found = []
         for computation, constraint in candidates:
             key = (computation.name, constraint.name)
@@ -476,13 +487,17 @@ def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
         return None
 
 
-def _is_user_constraint(instruction: Instruction) -> bool:
-    """A sharding constraint of the program in the propagated module: its ``with_sharding_constraint``
-    or ``mark_sharding`` (which GSPMD's propagation leaves as a copy with torch_xla's op type)."""
-    if sharding_call_of(instruction) is not None:
-        return True
-    metadata = instruction.metadata
-    return instruction.opcode == "copy" and metadata is not None and metadata.op_type == "xla__custom_sharding"
+def _weights(ctx: RuleContext, analysis: BatchAnalysis, updated: frozenset[int]) -> frozenset[int]:
+    """The weights of the propagated module: the parameters the step updates; an inference step's
+    from the per-device module's classification, when that module reads."""
+    weights = updated | analysis.weights
+    if weights:
+        return weights
+    try:
+        params = ctx.semantics.parameters
+    except (ParseError, ShardingError):
+        return frozenset()  # a damaged partitioned snapshot: the constraints are judged without it
+    return params.weights if params is not None else frozenset()
 
 
 def _reaches_back(computation, constraint: Instruction, outputs: set[tuple[str, str]]) -> bool:  # noqa: ANN001

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hlo_doctor.findings import SourceEdit
 from hlo_doctor.graph.collectives import Collective
-from hlo_doctor.hlo.ir import Computation, Instruction
+from hlo_doctor.hlo.ir import Instruction
 from hlo_doctor.program.records import user_line
 from hlo_doctor.program.spec_sites import normalize, parse_spec_text
 from hlo_doctor.program.suggest import (
@@ -19,38 +18,26 @@ from hlo_doctor.program.suggest import (
     torch_spec,
     with_user_variable,
 )
+from hlo_doctor.rules._reshards import (
+    Reshard,
+    constrained_in_turn,
+    constraint_after,
+    constraint_before,
+    rematerialization,
+    reshard_chains,
+    reshard_step,
+    walk_up,
+)
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
-from hlo_doctor.rules.context import RuleContext
-from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
+from hlo_doctor.rules.context import RuleContext, calls_sharding_api
+from hlo_doctor.semantics.opclasses import RESHARD_COLLECTIVES
 from hlo_doctor.units import format_bytes
-
-_MAX_WALK = 64
 
 
 @dataclass(frozen=True, slots=True)
 class ReshardChurnOptions:
     min_bytes: int = 0
     """Ignore chains whose collectives send fewer bytes per device per step in all."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Reshard:
-    """One resharding step: a collective (or all-gather + dynamic-slice) from one layout to another."""
-
-    op: Collective
-    instruction: Instruction
-    computation: Computation
-    before: Instruction  # the value before the layout ops that feed the collective
-    after: Instruction  # the value after the layout ops that follow it (or the dynamic-slice)
-    slice: Instruction | None = None  # all-gather + dynamic-slice: the slice
-
-    @property
-    def before_dims(self) -> tuple[int, ...]:
-        return self.before.shape.dims
-
-    @property
-    def after_dims(self) -> tuple[int, ...]:
-        return self.after.shape.dims
 
 
 class ReshardChurn(Rule):
@@ -68,13 +55,23 @@ class ReshardChurn(Rule):
     * *involuntary full rematerialization*: an ``all-gather`` whose result
       is only ``dynamic-slice``-d by partition id into a different sharding
       (XLA's fallback when it finds no cheaper reshard; it logs "Involuntary
-      full rematerialization").
+      full rematerialization");
+    * *constraints in turn*: the program's own sharding constraints take one
+      value through three layouts or more in a row (rows, then the
+      sequence, then the features: ``A -> B -> C -> D``) with only
+      elementwise and layout ops between, whether or not the value comes
+      back: every layout but the last is resharded into for nothing.
 
     Collectives that also gather a value of the chain (an ``all-gather`` of
     an intermediate layout) are counted with it. One finding per chain, at
     its first collective; the source line is the sharding constraint that
-    feeds it when there is one. The evidence says how many bytes per device
-    the chain sends.
+    feeds it when there is one. For constraints in turn the finding also
+    holds what the same constraints cause after them: the gradient's chain
+    back through them (JAX constrains a value's cotangent at the same
+    lines), the later reshards of values between their layouts and the
+    first, and the all-gathers that put the last layout back together. The
+    evidence says how many bytes per device the chain sends, and
+    ``constraint_lines`` the lines of the constraints that move the value on.
 
     **Why it hurts**
 
@@ -104,6 +101,10 @@ class ReshardChurn(Rule):
     constraint, or the op before the first reshard); a reshard carries its
     consumer's line, whose variable is another value, so when no line of
     the program is recorded for the value the code names it ``<value>``.
+    For constraints in turn the layout to keep is the one the first
+    constraint asks for (the value's own, as it arrives), never one of the
+    layouts the others move it to; the finding names their lines, to remove
+    or to write that spec on.
 
     ```python
     # JAX: one layout throughout
@@ -134,7 +135,7 @@ class ReshardChurn(Rule):
             return
         users_of = ctx.semantics.users
 
-        steps: dict[str, _Reshard] = {}
+        steps: dict[str, Reshard] = {}
         gathers: dict[tuple[str, str], Collective] = {}  # (computation, operand) -> all-gather
         for op in collectives:
             computation = module.computation(op.computation)
@@ -142,31 +143,36 @@ class ReshardChurn(Rule):
             if computation is None or instruction is None:
                 continue
             if op.kind in RESHARD_COLLECTIVES:
-                step = _reshard_step(op, instruction, computation, users_of(computation))
+                step = reshard_step(op, instruction, computation, users_of(computation))
             elif op.kind == "all-gather":
-                step = _rematerialization(op, instruction, computation, users_of(computation))
+                step = rematerialization(op, instruction, computation, users_of(computation))
                 if step is None and instruction.operands:
-                    before = _walk_up(computation, instruction.operands[0])
+                    before = walk_up(computation, instruction.operands[0])
                     gathers[(computation.name, before.name)] = op
             else:
                 step = None
             if step is not None:
                 steps[op.instruction] = step
-        chains = _chains(steps, users_of)
-        for chain in chains:
-            finding = self._finding(ctx, chain, gathers)
+        for group in _by_constraints(ctx, reshard_chains(steps, users_of), users_of, list(steps.values())):
+            finding = self._finding(ctx, group, gathers)
             if finding is not None:
                 yield finding
 
-    def _finding(self, ctx: RuleContext, chain: list[tuple[_Reshard, set[str]]], gathers) -> Finding | None:
+    def _finding(self, ctx: RuleContext, group: _Group, gathers) -> Finding | None:  # noqa: ANN001
+        """The finding of one chain and the chains its root cause makes (:class:`_Group`)."""
         executions = ctx.executions
+        chain, lines, twins = group.chain, group.lines, group.twins
         first = chain[0][0]
         ops = [s.op for s, _ in chain]
+        own = {op.instruction for op in ops}
+        twin_ops = list({s.op.instruction: s.op for other in (*twins, *group.later) for s, _ in other
+                         if s.op.instruction not in own}.values())
+        later = list(dict.fromkeys(s.op.instruction for c in group.later for s, _ in c if s.op.instruction not in own))
         values: set[str] = {first.before.name}
         for _, path in chain:
             values |= path
         extra = [g for (comp, name), g in gathers.items() if comp == first.computation.name and name in values]
-        reshard_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in ops)
+        reshard_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in ops + twin_ops)
         gather_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in extra)
         if reshard_bytes + gather_bytes < self.options.min_bytes:
             return None
@@ -187,27 +193,64 @@ class ReshardChurn(Rule):
                 f"{first.op.kind} {first.op.instruction} and {len(chain) - 1} more reshard"
                 f"{'s' if len(chain) > 2 else ''} flip one value's layout back and forth "
                 f"({' -> '.join(layouts)} per device) with {between} in between"
+            ) if not group.in_turn else (
+                f"the program's sharding constraints reshard one value {len(chain)} times in a row "
+                f"({' -> '.join(layouts)} per device: {first.op.kind} {first.op.instruction} and {len(chain) - 1} "
+                f"more) with {between} in between: each constraint "
+                + (f"at line{'s' if len(lines) > 1 else ''} {_listed(lines)} " if lines else "after the first ")
+                + "asks for another layout"
+                + (f", and the gradient takes the same {sum(len(t) for t in twins)} reshards back through them"
+                   if twins else "")
+                + (f"; after them {len(later)} more reshard{'s move' if len(later) > 1 else ' moves'} later values "
+                   f"between its layouts and the first ({', '.join(later)})" if later else "")
             )
         if extra:
             message += f"; {len(extra)} all-gather{'s' if len(extra) != 1 else ''} of the same value add to it"
         message += f": {format_bytes(reshard_bytes + gather_bytes)} sent per device per step for nothing"
-        constraint = _constraint_before(first)
+        # the layout to keep: the one the value starts in; for the program's constraints in turn, the one
+        # its first constraint asks for (in a loop the value can arrive in the last one's, from the step before)
+        kept = group.kept
+        constraint = constraint_before(kept)
         # the line to constrain is the one that makes the value (its constraint, or the op before the first
         # reshard); a reshard's own line is its consumer's, whose variable is another value
-        source_from = next((i for i in (constraint, first.before) if i is not None
+        source_from = next((i for i in (constraint, kept.before) if i is not None
                             and ctx.user_source(i)[0] is not None), None)
         makes_value = source_from is not None
         if source_from is None:
             source_from = next((s.instruction for s, _ in chain if ctx.user_source(s.instruction)[0] is not None), None)
-        spec = _spec(ctx, first)
+            # constraints in turn: that is the first line that moves the value on, and the value it makes is the
+            # one to keep in the first layout (torch_xla records no line of the program for a mark itself)
+            makes_value = group.in_turn and source_from is not None
+        spec = _spec(ctx, kept)
         jax_code, torch_code = constraint_code(spec)
         where = f" (the constraint {constraint.name})" if constraint is not None else ""
         summary = (
             f"Give the value one sharding{where}: constrain it to the same layout at every step, or remove the "
             "constraint that disagrees, so the partitioner has nothing to reshard."
         )
-        edits, no_edit, line_summary = _one_layout(ctx, source_from, spec)
-        summary += line_summary
+        if group.in_turn:
+            summary = (
+                f"Keep the value in the layout its first constraint asks for ({_spec_code(ctx, spec)}): the "
+                + (f"constraint{'s' if len(lines) > 1 else ''} at line{'s' if len(lines) > 1 else ''} {_listed(lines)} "
+                   if lines else "constraints after it ")
+                + "move it to "
+                "layouts that the ops between them do not compute in; remove them, or write that spec there (each "
+                "removed reshard saves its bytes, and propagation then chooses the layout after the last one)."
+            )
+            # each line that moves the value on gets the kept spec in place, when every one of them is the
+            # sharding call itself; a line that calls a helper of the program is for the user to write
+            direct = bool(lines) and ctx.framework in ("jax", "torch_xla") and all(
+                calls_sharding_api(group.files[line], line) for line in lines) and not any(
+                a is not None and any(str(n).startswith("<") for n in a) for a in spec)
+            edits = tuple(SourceEdit("constrain", ctx.framework or "jax", spec=spec_tuple(spec), file=group.files[line],
+                                     line=line, details={"position": "in-place"}) for line in lines) if direct else ()
+            no_edit = None if edits else (
+                f"line{'s' if len(lines) > 1 else ''} {_listed(lines)} call{'' if len(lines) > 1 else 's'} a helper "
+                "of your program (or could not be read here): write the spec in each call by hand" if lines
+                else _NO_EDIT)
+        else:
+            edits, no_edit, line_summary = _one_layout(ctx, source_from, spec)
+            summary += line_summary
         if not makes_value:
             summary += (f" The value is {first.before.name} ({_dims(first.before_dims)} per device); no line of "
                         "your code is recorded for it: constrain it where your code makes it.")
@@ -219,13 +262,15 @@ class ReshardChurn(Rule):
             instruction=first.instruction,
             related=tuple(dict.fromkeys(
                 [s.op.instruction for s, _ in chain[1:]] + [g.instruction for g in extra]
-                + ([first.slice.name] if first.slice is not None else [])
+                + ([first.slice.name] if first.slice is not None else []) + [o.instruction for o in twin_ops]
+                + (_gathered_back(ctx, group) if group.in_turn else [])
             )),
             source_from=source_from,
-            suggestion=Suggestion(summary=summary, jax=f"# the layout the value starts in, at every step\n{jax_code}",
-                                  torch_xla=torch_code, edits=edits, no_edit=no_edit),
+            suggestion=Suggestion(summary=summary, jax="# the layout " + ("its first constraint asks for" if group.in_turn else
+                                                         "the value starts in") + f", at every step\n{jax_code}", torch_xla=torch_code, edits=edits, no_edit=no_edit),
             evidence={
-                "pattern": "full-rematerialization" if remat else "back-and-forth",
+                "pattern": "full-rematerialization" if remat else "conflicting-constraints" if group.in_turn
+                else "back-and-forth",
                 "value_line": makes_value,
                 "reshards": len(chain),
                 "reshard_kinds": [o.kind for o in ops],
@@ -235,190 +280,126 @@ class ReshardChurn(Rule):
                 "all_gather_bytes_per_device": gather_bytes,
                 "wasted_bytes_per_device": reshard_bytes + gather_bytes,
                 "mesh_axes": list(first.op.mesh_axes) if first.op.mesh_axes else None,
+                **({"constraint_lines": list(lines),
+                    "gradient_reshards": list(dict.fromkeys(s.op.instruction for other in twins for s, _ in other)),
+                    "later_reshards": later} if group.in_turn else {}),
             },
         )
         # the code names the value's variable only where the source line makes the value
         return with_user_variable(finding, "x") if makes_value else finding
 
 
-def _reshard_step(op: Collective, instruction: Instruction, computation: Computation, users) -> _Reshard | None:
-    if not instruction.operands:
-        return None
-    before = _walk_up(computation, instruction.operands[0])
-    after = _walk_down(instruction, users)
-    if op.kind == "all-to-all" and before.shape.dims == after.shape.dims:
-        return None  # a layout-preserving all-to-all: not a reshard we can judge
-    return _Reshard(op, instruction, computation, before, after)
+Chain = list[tuple[Reshard, set[str]]]
 
 
-def _rematerialization(op: Collective, instruction: Instruction, computation: Computation, users) -> _Reshard | None:
-    """all-gather whose only use (through layout ops) is a partition-dependent dynamic-slice."""
-    if not instruction.operands:
-        return None
-    current = instruction
-    for _ in range(8):
-        following = users.get(current.name, [])
-        if len(following) != 1:
-            return None
-        user = following[0]
-        if user.opcode == "dynamic-slice" and user.operands and user.operands[0] == current.name:
-            if not _depends_on_partition(computation, user.operands[1:]):
-                return None
-            before = _walk_up(computation, instruction.operands[0])
-            return _Reshard(op, instruction, computation, before, user, slice=user)
-        if user.opcode not in LAYOUT_ONLY:
-            return None
-        current = user
-    return None
+@dataclass(slots=True)
+class _Group:
+    """A chain, with the chains that the same root cause makes (see :func:`_by_constraints`)."""
+
+    chain: Chain
+    in_turn: bool = False  # the program's constraints take the value through three layouts or more
+    lines: tuple[int, ...] = ()  # the lines of the constraints that move it on (those the dump records)
+    files: dict[int, str] = field(default_factory=dict)  # each of those lines' file
+    twins: list[Chain] = field(default_factory=list)  # the gradient's chains back through the same constraints
+    later: list[Chain] = field(default_factory=list)  # later values flipped between the last layout and the kept one
+
+    @property
+    def kept(self) -> Reshard:
+        """The step whose starting layout is the one to keep: for the program's constraints in turn,
+        the one its first constraint asks for (in a loop the value can arrive in the last one's)."""
+        first = self.chain[0][0]
+        return self.chain[1][0] if self.in_turn and constraint_before(first) is None else first
+
+    def moves(self) -> set[tuple]:
+        """The changes between the kept layout and each other one the chain takes the value to, both
+        ways, per dim, over the mesh axes."""
+        kept = self.kept
+        return {move for step, _ in self.chain if step.after_dims != kept.before_dims
+                for move in (_move(kept.before_dims, step.after_dims, step.op),
+                             _move(step.after_dims, kept.before_dims, step.op))}
 
 
-def _depends_on_partition(computation: Computation, names) -> bool:
-    stack, seen = list(names), set()
-    while stack and len(seen) < 64:
-        name = stack.pop()
-        if name in seen:
+def _by_constraints(ctx: RuleContext, chains: list[Chain], users_of,  # noqa: ANN001
+                    steps: list[Reshard]) -> list[_Group]:
+    """The chains, one group per root cause. For the program's constraints taking a value through
+    three layouts or more (:func:`constrained_in_turn`): the lines of the constraints that move it on
+    (not the first one's, whose layout is the one to keep); the other chains through the same lines
+    (JAX constrains a value's gradient as it constrains the value: its chain runs back through them);
+    and the later reshards of values between the last layout and the kept one, back and forth or
+    once (``steps``: every reshard; the ops after the constraints want the kept layout, the value
+    arrives in the last)."""
+    groups: list[_Group] = []
+    for chain in chains:
+        if not constrained_in_turn(chain):
+            groups.append(_Group(chain))
             continue
-        seen.add(name)
-        node = computation.get(name)
-        if node is None:
-            continue
-        if node.opcode in ("partition-id", "replica-id"):
-            return True
-        stack.extend(node.operands)
-    return False
-
-
-def _chains(steps: dict[str, _Reshard], users_of) -> list[list[tuple[_Reshard, set[str]]]]:
-    """Reshards linked when the second undoes the first on an elementwise-only path; one list per chain."""
-    nxt: dict[str, tuple[str, set[str]]] = {}
-    has_prev: set[str] = set()
-    by_instruction = {(s.computation.name, s.instruction.name): s for s in steps.values()}
-    for step in steps.values():
-        if step.slice is not None:
-            continue
-        found = _next_reshard(step, by_instruction, users_of(step.computation))
-        if found is None:
-            continue
-        other, path = found
-        if other.slice is None and _undoes(step, other):
-            nxt[step.op.instruction] = (other.op.instruction, path)
-            has_prev.add(other.op.instruction)
-    chains: list[list[tuple[_Reshard, set[str]]]] = []
-    for name, step in steps.items():
-        if name in has_prev:
-            continue
-        if step.slice is not None:
-            chains.append([(step, set())])
-            continue
-        if name not in nxt:
-            continue
-        chain = [(step, set())]
-        seen = {name}
-        current = name
-        while current in nxt:
-            following, path = nxt[current]
-            if following in seen:
-                break
-            seen.add(following)
-            chain.append((steps[following], path))
-            current = following
-        chains.append(chain)
-    return chains
-
-
-def _next_reshard(step: _Reshard, by_instruction, users) -> tuple[_Reshard, set[str]] | None:
-    """The next reshard of ``step``'s result reached through elementwise and layout ops only."""
-    computation = step.computation
-    start = step.after
-    frontier = [start]
-    seen = {start.name}
-    while frontier and len(seen) < _MAX_WALK:
-        node = frontier.pop(0)
-        for user in users.get(node.name, []):
-            if user.name in seen:
+        group = _Group(chain, in_turn=True)
+        keep = constraint_before(group.kept)
+        kept_line = ctx.user_source(keep)[0] if keep is not None else None
+        # each constraint's line; in torch_xla its reshard's (a mark records torch_xla's own frame, and comes
+        # after the statement's elementwise op: the reshard carries that statement's line, the mark's call)
+        torch = ctx.framework == "torch_xla"
+        asked = [(constraint_after(step, users_of(step.computation)), step) for step, _ in chain]
+        sources = [ctx.user_source(step.instruction)[0] if torch else
+                   ctx.user_source(c)[0] if c is not None else None for c, step in asked]
+        group.lines = tuple(sorted({s.line for s in sources if s is not None} - {kept_line.line if kept_line else -1}))
+        group.files = {s.line: s.file for s in sources if s is not None}
+        twin = next((g for g in groups if set(group.lines) & set(g.lines)), None)
+        if twin is not None:
+            twin.twins.append(chain)
+        else:
+            groups.append(group)
+    in_turn = [g for g in groups if g.in_turn]
+    kept: list[_Group] = []
+    for group in groups:
+        step = group.chain[0][0]
+        if not group.in_turn and len(group.chain) == 2 and step.slice is None:
+            owner = next((g for g in in_turn if _move(step.before_dims, step.after_dims, step.op) in g.moves()), None)
+            if owner is not None:
+                owner.later.append(group.chain)
                 continue
-            seen.add(user.name)
-            other = by_instruction.get((computation.name, user.name))
-            if other is not None and other is not step:
-                return other, seen - {user.name}
-            fed = _feeds_reshard(computation, user, users, by_instruction)
-            if fed is not None:
-                return fed, seen
-            if (user.opcode in NOT_ELEMENTWISE and not _padding_only(user)) or user.opcode in RESHARD_COLLECTIVES \
-                    or user.opcode.startswith(("all-", "reduce-scatter", "collective-")):
-                continue
-            frontier.append(user)
-    return None
+        kept.append(group)
+    chained = {step.op.instruction for group in groups for step, _ in group.chain} | {
+        step.op.instruction for group in in_turn for twin in group.twins for step, _ in twin}
+    for step in steps:
+        if step.op.instruction in chained or step.slice is not None:
+            continue
+        owner = next((g for g in in_turn if _move(step.before_dims, step.after_dims, step.op) in g.moves()), None)
+        if owner is not None:
+            owner.later.append([(step, set())])
+    return kept
 
 
-_SLICE_DIM = re.compile(r"\[0:(\d+)(?::1)?\]")
-_PAD_DIM = re.compile(r"0_(\d+)(?:_0)?")
+def _gathered_back(ctx: RuleContext, group: _Group) -> list[str]:
+    """The all-gathers that take values in the chain's last layout back to the kept one on a dim the
+    chain split (the ops after the constraints want the kept layout): symptoms of the same cause."""
+    module = ctx.per_device
+    kept, last = group.kept.before_dims, group.chain[-1][0].after_dims
+    moved = {d for d, (a, b) in enumerate(zip(kept, last, strict=False)) if b < a}
+    found = []
+    for op in ctx.collectives:
+        computation = module.computation(op.computation) if module is not None and op.kind == "all-gather" else None
+        gather = computation.get(op.instruction) if computation is not None else None
+        operand = computation.get(gather.operands[0]) if computation is not None and gather and gather.operands else None
+        if gather is None or operand is None or operand.shape.is_tuple or operand.shape.dims != last:
+            continue
+        if set(gather.dimensions or ()) <= moved and gather.dimensions:
+            found.append(op.instruction)
+    return found
 
 
-def _padding_only(instruction: Instruction) -> bool:
-    """A ``slice`` that keeps each dim's head, or a ``pad`` that only appends to each dim's end: what the
-    partitioner puts around a reshard of a dim its shard count does not divide (the value's content
-    unchanged, its padding dropped or added back)."""
-    if instruction.opcode == "slice":
-        text = (instruction.attribute("slice") or "").strip("{} ")
-        dims = [d.strip() for d in text.split(",")] if text else []
-        return bool(dims) and all(_SLICE_DIM.fullmatch(d) for d in dims)
-    if instruction.opcode == "pad":
-        text = instruction.attribute("padding") or ""
-        return bool(text) and all(_PAD_DIM.fullmatch(d) for d in text.split("x"))
-    return False
+def _move(before: tuple[int, ...], after: tuple[int, ...], op: Collective) -> tuple:
+    """How a reshard changes each dim (after / before, as a pair), over which mesh axes."""
+    return (tuple((a, b) if a != b else None for a, b in zip(before, after, strict=False)) if len(before) == len(after)
+            else None, tuple(op.mesh_axes or ()))
 
 
-def _feeds_reshard(computation: Computation, node: Instruction, users, by_instruction) -> _Reshard | None:
-    """The reshard that ``node`` feeds through layout ops (reshape/transpose around an all-to-all)."""
-    current = node
-    for _ in range(4):
-        if current.opcode not in LAYOUT_ONLY:
-            return None
-        following = users.get(current.name, [])
-        for user in following:
-            found = by_instruction.get((computation.name, user.name))
-            if found is not None:
-                return found
-        if len(following) != 1:
-            return None
-        current = following[0]
-    return None
+def _listed(lines: tuple[int, ...]) -> str:
+    return ", ".join(map(str, lines[:-1])) + (" and " if len(lines) > 1 else "") + str(lines[-1])
 
 
-def _undoes(first: _Reshard, second: _Reshard) -> bool:
-    if first.op.kind == "collective-permute" and second.op.kind == "collective-permute":
-        a = set(first.instruction.source_pairs or ())
-        b = set(second.instruction.source_pairs or ())
-        return bool(a) and {(t, s) for s, t in a} == b
-    return (
-        second.after_dims == first.before_dims
-        and first.after_dims != first.before_dims
-        and second.after.shape.element_type == first.before.shape.element_type
-    )
-
-
-def _walk_up(computation: Computation, name: str) -> Instruction:
-    node = computation.get(name)
-    assert node is not None
-    for _ in range(8):
-        if node.opcode not in ("reshape", "transpose", "bitcast") or not node.operands:
-            break
-        parent = computation.get(node.operands[0])
-        if parent is None:
-            break
-        node = parent
-    return node
-
-
-def _walk_down(instruction: Instruction, users) -> Instruction:
-    node = instruction
-    for _ in range(8):
-        following = users.get(node.name, [])
-        if len(following) != 1 or following[0].opcode not in ("reshape", "transpose", "bitcast"):
-            break
-        node = following[0]
-    return node
+def _spec_code(ctx: RuleContext, spec: list) -> str:
+    return torch_spec(spec) if ctx.framework == "torch_xla" else jax_spec(spec)
 
 
 _NO_EDIT = ("which of the layouts the value takes is the right one depends on the ops around it: remove or align "
@@ -456,26 +437,7 @@ def _one_layout(ctx: RuleContext, instruction: Instruction | None, spec: list,
                            "collective takes the reshards' place).")
 
 
-def _constraint_before(step: _Reshard) -> Instruction | None:
-    """The sharding constraint (JAX's copy, torch_xla's custom-call Sharding) the chain starts from."""
-    computation = step.computation
-    node: Instruction | None = step.before
-    for _ in range(8):
-        if node is None:
-            return None
-        metadata = node.metadata
-        op_name = (metadata.op_name or "") if metadata is not None else ""
-        if "sharding_constraint" in op_name or node.name.startswith("sharding_constraint") or (
-            node.opcode == "custom-call" and "Sharding" in (node.attribute("custom_call_target") or "")
-        ):
-            return node
-        if node.opcode not in ("reshape", "transpose", "bitcast", "copy") or not node.operands:
-            return None
-        node = computation.get(node.operands[0])
-    return None
-
-
-def _spec(ctx: RuleContext, step: _Reshard) -> list:
+def _spec(ctx: RuleContext, step: Reshard) -> list:
     """A partition spec for the value's starting layout: the reshard's mesh axes on the dim that shrank."""
     full = step.after_dims if step.slice is None else step.instruction.shape.dims
     axes = tuple(step.op.mesh_axes) if step.op.mesh_axes else (f"<axis of size {step.op.group_size}>",)

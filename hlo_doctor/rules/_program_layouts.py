@@ -1,0 +1,126 @@
+"""The layouts a program asks for with its own sharding constraints (for ``non-batch-dim-sharding``).
+
+A matmul whose batch dim is whole while another dim is split over the batch's
+axes is the partitioner's doing only when nothing in the program asked for
+that move. A constraint that puts the batch's axes on the sequence dim
+(``P(None, 'data', None)`` on ``[B, S, D]``), or a link of a chain of
+constraints that move them dim to dim, is the program's own layout:
+propagation carries it to the matmuls around it (and JAX constrains the
+cotangent of a constrained value alike, so the backward matmuls take it too).
+Such a move is judged at the constraints (``reshard-churn`` when they
+disagree), not at every matmul it reaches.
+
+A move is (the mesh axes of the batch input that sit on another dim, whether
+one of those dims carries a weight's dim): what a constraint asks for and what
+a matmul shows are compared by it, since a reshape between them (heads split
+off the hidden dim) renumbers the dims but keeps the axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hlo_doctor.graph.mesh import Mesh, dim_axes
+from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Sharding, ShardingKind
+from hlo_doctor.program.records import sharding_call_of
+from hlo_doctor.semantics.batch_dims import BatchAnalysis
+
+__all__ = ["BatchMove", "batch_move", "is_program_constraint", "program_constraints", "requested_batch_moves"]
+
+BatchMove = tuple[frozenset[str], bool]
+"""The batch input's axes that sit on other dims of a value, and whether one of those dims is a feature dim."""
+
+_CHAIN_STEPS = 6
+
+
+def is_program_constraint(instruction: Instruction) -> bool:
+    """A sharding constraint of the program in the propagated module: its ``with_sharding_constraint``
+    or ``mark_sharding`` (which GSPMD's propagation leaves as a copy with torch_xla's op type)."""
+    if sharding_call_of(instruction) is not None:
+        return True
+    metadata = instruction.metadata
+    return instruction.opcode == "copy" and metadata is not None and metadata.op_type == "xla__custom_sharding"
+
+
+def program_constraints(module: HloModule, analysis: BatchAnalysis) -> list[tuple[Computation, Instruction]]:
+    """The program's own sharding constraints on values that carry the batch."""
+    return [(computation, instruction) for computation in module.computations
+            for instruction in computation.instructions
+            if is_program_constraint(instruction) and not instruction.shape.is_tuple and instruction.operands
+            and analysis.batch_dims((computation.name, instruction.name))]
+
+
+def axes_per_dim(instruction: Instruction, mesh: Mesh) -> tuple[frozenset[str], ...] | None:
+    """The mesh axes that split each dim of ``instruction`` (empty for a whole dim), or None."""
+    sharding = instruction.sharding
+    if sharding is None or instruction.shape.is_tuple:
+        return None
+    if sharding.kind is ShardingKind.REPLICATED:
+        return (frozenset(),) * instruction.shape.rank
+    if sharding.kind is not ShardingKind.TILED:
+        return None
+    try:
+        per_dim = dim_axes(sharding, instruction.shape.rank, mesh)
+    except (ValueError, KeyError):
+        return None
+    return None if per_dim is None else tuple(frozenset(a.split(":(")[0] for a in axes) for axes in per_dim)
+
+
+def batch_move(analysis: BatchAnalysis, key: tuple[str, str], batch_dim: int,
+               features: Mapping[tuple[str, str], set[int]], mesh: Mesh) -> BatchMove | None:
+    """Where the value ``key`` holds the axes its batch input is split over, when its batch dim
+    ``batch_dim`` is whole and another dim is split over some of them; else None."""
+    if key not in analysis.graph:
+        return None
+    value = analysis.graph.instruction(key)
+    param = analysis.batch_dims(key).get(batch_dim)
+    source = analysis.inputs.get(param) if param is not None else None
+    layout = axes_per_dim(value, mesh)
+    source_layout = axes_per_dim(source, mesh) if source is not None else None
+    if layout is None or not source_layout or batch_dim >= len(layout) or layout[batch_dim]:
+        return None
+    axes = source_layout[0]
+    moved = [d for d, split in enumerate(layout) if d != batch_dim and split & axes]
+    if not moved:
+        return None
+    return frozenset().union(*(layout[d] & axes for d in moved)), bool(set(moved) & set(features.get(key, ())))
+
+
+def requested_batch_moves(analysis: BatchAnalysis, constraints: list[tuple[Computation, Instruction]],
+                          features: Mapping[tuple[str, str], set[int]], mesh: Mesh) -> set[BatchMove]:
+    """The moves the program's ``constraints`` ask for: onto rows or a sequence, and, by a link of a
+    chain of constraints (one that takes a value another constraint moved), onto features as well.
+    A lone constraint onto features is not here: it is judged itself."""
+    found = set()
+    for computation, constraint in constraints:
+        key = (computation.name, constraint.name)
+        for batch_dim in analysis.batch_dims(key):
+            move = batch_move(analysis, key, batch_dim, features, mesh)
+            if move is not None and (not move[1] or _chain_link(computation, constraint)):
+                found.add(move)
+    return found
+
+
+def _chain_link(computation: Computation, constraint: Instruction) -> bool:
+    """Whether ``constraint`` takes, through a few single-operand ops, the value of another of the
+    program's constraints that changed its operand's layout (torch_xla's mark leaves two copies, the
+    first with its operand's own sharding: that one changes nothing)."""
+    name = constraint.operands[0] if constraint.operands else None
+    for _ in range(_CHAIN_STEPS):
+        op = computation.get(name) if name is not None else None
+        if op is None or len(op.operands) != 1:
+            return False
+        if is_program_constraint(op):
+            before = computation.get(op.operands[0])
+            return (before is not None and not _same_layout(op.sharding, constraint.sharding)
+                    and not _same_layout(before.sharding, op.sharding))
+        name = op.operands[0]
+    return False
+
+
+def _same_layout(first: Sharding | None, second: Sharding | None) -> bool:
+    """Whether two shardings place the value alike (their metadata aside)."""
+    if first is None or second is None:
+        return first is second
+    return (first.kind, first.tile_assignment, first.last_tile_dim_replicate, first.last_tile_dims) == (
+        second.kind, second.tile_assignment, second.last_tile_dim_replicate, second.last_tile_dims)
