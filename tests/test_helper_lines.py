@@ -108,3 +108,32 @@ def test_constraints_in_turn_written_as_sharding_calls_are_respecified_in_place(
     added = [line for line in result.stdout.splitlines() if line.startswith("+        h =")]
     assert len(removed) == 3
     assert added == ['+        h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data", None, None)))'] * 3
+
+
+def test_past_a_helper_only_where_the_callers_line_holds_the_ops_value(tmp_path, monkeypatch):
+    # a program written for this test: `norm`, called from two lines, returns line 3's value
+    from hlo_doctor.hlo.ir import SourceLocation, StackFrame
+    from hlo_doctor.rules.context import user_frame
+
+    monkeypatch.chdir(tmp_path)
+    program = tmp_path / "model.py"
+    program.write_text("def norm(x, s):\n"
+                       "    y = x * s\n"
+                       "    return y.astype(x.dtype)\n"
+                       "def block(x, s, t):\n"
+                       "    h = norm(x, s)\n"
+                       "    x = x + mlp(norm(h, t))\n"
+                       "    return x\n")
+    path = str(program)
+    helpers = frozenset({(path, 2), (path, 3)})
+
+    def line_of(inner: int, caller: int, constraint: bool = False) -> int:
+        frames = (StackFrame(path, "norm", inner), StackFrame(path, "block", caller))
+        found, _ = user_frame(SourceLocation(path, inner, "norm", None, frames), "block", helpers,
+                              constraint=constraint)
+        return found.line
+
+    assert line_of(3, 5) == 5  # the returned value, which the caller's line assigns: the caller's line
+    assert line_of(2, 5) == 2  # an op of the helper's body: its own line, where its value has a name
+    assert line_of(3, 6) == 3  # returned into an expression: the caller's variable is another value
+    assert line_of(2, 6, constraint=True) == 6  # a constraint is what a constraint helper returns

@@ -32,7 +32,7 @@ from hlo_doctor.semantics.cost import module_flops
 
 if TYPE_CHECKING:
     from hlo_doctor.graph.dataflow import DataflowGraph
-    from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, SourceLocation
+    from hlo_doctor.hlo.ir import HloModule, Instruction, Shape, SourceLocation, StackFrame
     from hlo_doctor.semantics.hardware import HardwareProfile
 
 __all__ = [
@@ -300,7 +300,8 @@ class RuleContext:
         location = instruction.source
         if location is None:
             return None, False
-        return user_frame(location, self.traced_function, self._helper_lines(instruction))
+        return user_frame(location, self.traced_function, self._helper_lines(instruction),
+                          constraint=_made_by_constraint(instruction))
 
     def helper_source(self, instruction: Instruction) -> SourceRef | None:
         """The user's innermost line of an op when :meth:`user_source` reports another (the line of
@@ -419,7 +420,8 @@ class RuleContext:
 
 
 def user_frame(location: SourceLocation, traced: str | None = None,
-               helpers: frozenset[tuple[str, int]] = frozenset()) -> tuple[SourceRef | None, bool]:
+               helpers: frozenset[tuple[str, int]] = frozenset(), *,
+               constraint: bool = False) -> tuple[SourceRef | None, bool]:
     """The user's frame of ``location`` and whether every frame was a library's.
 
     The innermost frame of the user's code, unless that line is in a helper of the user's:
@@ -427,7 +429,12 @@ def user_frame(location: SourceLocation, traced: str | None = None,
     ``constrain``), or one of ``helpers``, lines whose function several lines of the user's
     call (:func:`~hlo_doctor.graph.source.helper_lines`, read from the dump's frames alone).
     Then the helper's caller, walking outwards up to the traced function ``traced`` (``mlp``
-    of ``jit_mlp``), which is where the user writes the fix.
+    of ``jit_mlp``), which is where the user writes the fix. Past a helper several lines call
+    only where the caller's line holds the op's value: the op is a sharding constraint
+    (``constraint``: what a constraint helper returns), or the helper's line returns it and the
+    caller's line assigns that call's result (``h = dense(x, w)``); an op inside the helper's
+    body (a norm's scale multiply, read by ``x = x + mlp(norm(x))``) keeps the helper's line,
+    where its value has a name.
     """
     frames = location.frames or ()
     if not frames:
@@ -445,13 +452,36 @@ def user_frame(location: SourceLocation, traced: str | None = None,
             break
         # past a helper several lines call; past the innermost line when it only calls a sharding API
         # (the body of a constraint helper: a line further out that calls one is the user's own call)
-        if (frame.file, frame.line) not in helpers and not (index == 0 and calls_sharding_api(frame.file, frame.line)):
+        helper = (frame.file, frame.line) in helpers and (constraint or _hands_back(frame, user[index + 1]))
+        if not helper and not (index == 0 and calls_sharding_api(frame.file, frame.line)):
             break
     return SourceRef(chosen.file, chosen.line, chosen.function or None), False
 
 
 _SHARDING_CALLS = re.compile(r"\b(with_sharding_constraint|mark_sharding|with_logical_constraint|reshard|"
                              r"device_put)\s*\(")
+
+
+def _hands_back(inner: StackFrame, caller: StackFrame) -> bool:
+    """Whether ``inner``'s line returns a value and ``caller``'s line assigns the result of calling
+    ``inner``'s function (``return x @ w`` in ``dense``; ``h = dense(x, w)``): the caller's variable
+    is then the op's value. False when either line cannot be read here."""
+    function = (inner.function or "").rsplit(".", 1)[-1]
+    returned = program_line(inner.file, inner.line) if inner.file and inner.line else ""
+    calling = program_line(caller.file, caller.line) if caller.file and caller.line else ""
+    if not function.isidentifier() or not returned.lstrip().startswith("return "):
+        return False
+    return re.match(rf"\s*[\w\s,()\[\].]*?(?<![=!<>])=\s*(?:[\w.]+\.)?{re.escape(function)}\(", calling) is not None
+
+
+def _made_by_constraint(instruction: Instruction) -> bool:
+    """An op of a sharding constraint of the program (``with_sharding_constraint``'s op_name, torch_xla's
+    mark), whose value is what a constraint helper returns."""
+    metadata = instruction.metadata
+    if metadata is None:
+        return False
+    return (metadata.op_name or "").rsplit("/", 1)[-1] == "sharding_constraint" or \
+        metadata.op_type == "xla__custom_sharding"
 
 
 def calls_sharding_api(path: str, line: int) -> bool:

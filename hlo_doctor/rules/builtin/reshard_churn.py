@@ -165,14 +165,14 @@ class ReshardChurn(Rule):
         first = chain[0][0]
         ops = [s.op for s, _ in chain]
         own = {op.instruction for op in ops}
-        twin_ops = list({s.op.instruction: s.op for other in (*twins, *group.later) for s, _ in other
+        caused_ops = list({s.op.instruction: s.op for other in (*twins, *group.later) for s, _ in other
                          if s.op.instruction not in own}.values())
         later = list(dict.fromkeys(s.op.instruction for c in group.later for s, _ in c if s.op.instruction not in own))
         values: set[str] = {first.before.name}
         for _, path in chain:
             values |= path
         extra = [g for (comp, name), g in gathers.items() if comp == first.computation.name and name in values]
-        reshard_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in ops + twin_ops)
+        reshard_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in ops + caused_ops)
         gather_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in extra)
         if reshard_bytes + gather_bytes < self.options.min_bytes:
             return None
@@ -262,7 +262,7 @@ class ReshardChurn(Rule):
             instruction=first.instruction,
             related=tuple(dict.fromkeys(
                 [s.op.instruction for s, _ in chain[1:]] + [g.instruction for g in extra]
-                + ([first.slice.name] if first.slice is not None else []) + [o.instruction for o in twin_ops]
+                + ([first.slice.name] if first.slice is not None else []) + [o.instruction for o in caused_ops]
                 + (_gathered_back(ctx, group) if group.in_turn else [])
             )),
             source_from=source_from,
