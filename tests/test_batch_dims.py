@@ -343,3 +343,26 @@ def test_a_batch_input_on_the_right_of_a_known_weight():
 
     assert batch(frozenset()) == frozenset()
     assert batch(frozenset({0})) == frozenset({1})
+
+
+def test_the_batch_goes_through_an_optimization_barrier():
+    # jax.checkpoint puts an opt-barrier around what a rematerialized step recomputes: the values
+    # come out as they went in, each at its own index (hand-written HLO, the shape of the barrier in a
+    # JAX train step, whose activations come after the weights)
+    values, entry = _batch_of_x("""
+HloModule barrier
+
+ENTRY main {
+  x = f32[8,4,6] parameter(0)
+  w = f32[24,5] parameter(1)
+  flat = f32[8,24] reshape(x)
+  kept = (f32[24,5], f32[8,24]) tuple(w, flat)
+  barrier = (f32[24,5], f32[8,24]) opt-barrier(kept)
+  weight = f32[24,5] get-tuple-element(barrier), index=0
+  back = f32[8,24] get-tuple-element(barrier), index=1
+  ROOT y = f32[8,5] dot(back, weight), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+""")
+    assert values[entry["back"]] == frozenset({(0, 0)})
+    assert values[entry["weight"]] == frozenset()
+    assert values[entry["y"]] == frozenset({(0, 0)})

@@ -294,6 +294,9 @@ class _Transfer:
             return self.joined(node, ROOT_KINDS)
         if opcode == "tuple":
             return tuple(values[s] for s in sources)
+        if opcode == "opt-barrier":
+            # the value itself (jax.checkpoint's barrier around what a rematerialized step recomputes)
+            return values[sources[0]] if sources else _NONE
         if opcode == "get-tuple-element":
             source = values[sources[0]] if sources else _NONE
             index = instruction.attribute("index")
