@@ -371,19 +371,23 @@ def _by_constraints(ctx: RuleContext, chains: list[Chain], users_of,  # noqa: AN
 
 
 def _gathered_back(ctx: RuleContext, group: _Group) -> list[str]:
-    """The all-gathers that take values in the chain's last layout back to the kept one on a dim the
-    chain split (the ops after the constraints want the kept layout): symptoms of the same cause."""
+    """The all-gathers that take values in one of the chain's layouts back toward the kept one, on a
+    dim that layout split and the kept one does not (the ops after the constraints want the kept
+    layout): symptoms of the same cause."""
     module = ctx.per_device
-    kept, last = group.kept.before_dims, group.chain[-1][0].after_dims
-    moved = {d for d, (a, b) in enumerate(zip(kept, last, strict=False)) if b < a}
+    kept = group.kept.before_dims
+    # each layout the chain takes the value to -> the dims it splits that the kept layout does not
+    split = {step.after_dims: {d for d, (a, b) in enumerate(zip(kept, step.after_dims, strict=False)) if b < a}
+             for step, _ in group.chain if step.after_dims != kept and len(step.after_dims) == len(kept)}
     found = []
     for op in ctx.collectives:
         computation = module.computation(op.computation) if module is not None and op.kind == "all-gather" else None
         gather = computation.get(op.instruction) if computation is not None else None
         operand = computation.get(gather.operands[0]) if computation is not None and gather and gather.operands else None
-        if gather is None or operand is None or operand.shape.is_tuple or operand.shape.dims != last:
+        if gather is None or operand is None or operand.shape.is_tuple:
             continue
-        if set(gather.dimensions or ()) <= moved and gather.dimensions:
+        dims = set(gather.dimensions or ())
+        if dims and dims <= split.get(operand.shape.dims, set()):
             found.append(op.instruction)
     return found
 
