@@ -366,3 +366,23 @@ ENTRY main {
     assert values[entry["back"]] == frozenset({(0, 0)})
     assert values[entry["weight"]] == frozenset()
     assert values[entry["y"]] == frozenset({(0, 0)})
+
+
+def test_the_batch_of_a_dynamic_update_slice_is_where_its_update_lands():
+    # a scan's stacked residuals: each step writes its [1, B * S, K] into an [L, B * S, K] buffer
+    # (hand-written HLO, the shape of the stack in a JAX scan's forward body)
+    values, entry = _batch_of_x("""
+HloModule stacked
+
+ENTRY main {
+  x = f32[8,4,6] parameter(0)
+  stack = f32[3,32,6] parameter(1)
+  i = s32[] parameter(2)
+  zero = s32[] constant(0)
+  rows = f32[32,6] reshape(x)
+  one = f32[1,32,6] reshape(rows)
+  ROOT kept = f32[3,32,6] dynamic-update-slice(stack, one, i, zero, zero)
+}
+""")
+    assert values[entry["one"]] == frozenset({(0, 1)})
+    assert values[entry["kept"]] == frozenset({(0, 1)})

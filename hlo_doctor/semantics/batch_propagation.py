@@ -323,6 +323,10 @@ class _Transfer:
         source = _array(values[sources[0]]) if sources else _NONE
         if opcode == "gather":
             return self.gather(instruction, sources)
+        if opcode == "dynamic-update-slice" and len(sources) > 1:
+            # the update lands dim for dim in the buffer: a scan's stacked residuals ([L, B * S, K], one
+            # layer written per step) hold the batch where each step's update does
+            return self.coding.keep(source | _array(values[sources[1]]), shape.rank)
         if opcode in ("scatter", "dynamic-update-slice"):
             return self.coding.keep(source, shape.rank)
         # Any other op: the operands of the same rank keep their positions.
