@@ -20,7 +20,7 @@ from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.graph.source import is_library_file
 from hlo_doctor.hlo.ir import HloModule, Instruction, ShardingKind
 
-__all__ = ["record_entries", "recorded_program", "sharding_call_of", "sharding_calls_in", "user_line"]
+__all__ = ["made_by_sharding_call", "record_entries", "recorded_program", "sharding_call_of", "sharding_calls_in", "user_line"]
 
 
 def user_line(entry: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -85,6 +85,17 @@ def sharding_calls_in(module: HloModule, mesh: Mesh | None) -> list[dict[str, An
                 "stack": [{"file": f.file, "line": f.line} for f in source.frames or ()]}
         calls.setdefault(repr(call), call)
     return list(calls.values())
+
+
+def made_by_sharding_call(instruction: Instruction) -> bool:
+    """Whether a sharding call of the program made ``instruction``, by its metadata: an op of
+    ``with_sharding_constraint`` (its op_name's last part, the reshards of its lowering included) or
+    of torch_xla's ``mark_sharding`` (its op type, the custom-call and the copy propagation makes)."""
+    metadata = instruction.metadata
+    if metadata is None:
+        return False
+    return (metadata.op_name or "").rsplit("/", 1)[-1] == "sharding_constraint" or \
+        metadata.op_type == "xla__custom_sharding"
 
 
 def sharding_call_of(instruction: Instruction) -> str | None:

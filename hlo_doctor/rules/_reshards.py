@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from hlo_doctor.graph.collectives import Collective
 from hlo_doctor.hlo.ir import Computation, Instruction
+from hlo_doctor.program.records import made_by_sharding_call
 from hlo_doctor.semantics.opclasses import LAYOUT_ONLY, NOT_ELEMENTWISE, RESHARD_COLLECTIVES
 
 __all__ = ["Reshard", "constrained_in_turn", "constraint_after", "constraint_before", "rematerialization",
@@ -276,9 +277,9 @@ def _made_by_constraint(node: Instruction) -> bool:
     its lowering (the reshapes around its all-to-all carry its op_name), so that a walk through
     layout ops stops at it (:func:`~hlo_doctor.rules._program_layouts.is_program_constraint` is the
     constraint alone)."""
-    metadata = node.metadata
-    op_name = (metadata.op_name or "") if metadata is not None else ""
-    if metadata is not None and metadata.op_type == "xla__custom_sharding":
-        return True  # torch_xla's mark_sharding (a copy once partitioned)
+    if made_by_sharding_call(node):
+        return True
+    # beyond its metadata's last part: an op named after the constraint, or nested in its name scope
+    op_name = (node.metadata.op_name or "") if node.metadata is not None else ""
     return "sharding_constraint" in op_name or node.name.startswith("sharding_constraint") or (
         node.opcode == "custom-call" and "Sharding" in (node.attribute("custom_call_target") or ""))

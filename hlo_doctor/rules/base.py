@@ -119,7 +119,7 @@ class Rule:
             source, library_only = ctx.user_source(where)
             if source is None and library_only:
                 message += " (the dump records only library frames for this op, no line of your code)"
-            helper = ctx.helper_source(where)
+            helper = ctx.helper_source(where, source)
             if helper is not None:  # the op's own line, in a helper of the user's: its caller's is reported
                 evidence.setdefault("helper_line", f"{helper.file}:{helper.line}"
                                     + (f" ({helper.function})" if helper.function else ""))

@@ -21,8 +21,9 @@ from hlo_doctor.graph.devices import DeviceMap, device_map
 from hlo_doctor.graph.linking import link_modules, resolve_twin, twin_refs
 from hlo_doctor.graph.mesh import Mesh, recover_mesh
 from hlo_doctor.graph.source import helper_lines, is_library_file
+from hlo_doctor.graph.source import user_frame as innermost_user_frame
 from hlo_doctor.program.locate import SourceSettings
-from hlo_doctor.program.records import record_entries, sharding_calls_in
+from hlo_doctor.program.records import made_by_sharding_call, record_entries, sharding_calls_in
 from hlo_doctor.program.source import program_line
 from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.program.terms import mesh_axes_in
@@ -301,16 +302,13 @@ class RuleContext:
         if location is None:
             return None, False
         return user_frame(location, self.traced_function, self._helper_lines(instruction),
-                          constraint=_made_by_constraint(instruction))
+                          constraint=made_by_sharding_call(instruction))
 
-    def helper_source(self, instruction: Instruction) -> SourceRef | None:
-        """The user's innermost line of an op when :meth:`user_source` reports another (the line of
-        the helper it is in, whose caller's line is reported), else None."""
-        location = instruction.source
-        if location is None:
-            return None
-        innermost = next((f for f in location.frames if f.file and not is_library_file(f.file)), None)
-        reported, _ = self.user_source(instruction)
+    @staticmethod
+    def helper_source(instruction: Instruction, reported: SourceRef | None) -> SourceRef | None:
+        """The user's innermost line of an op when ``reported`` (its :meth:`user_source`) is another:
+        the line of the helper it is in, whose caller's line is reported; else None."""
+        innermost = innermost_user_frame(instruction.source)
         if innermost is None or reported is None or (innermost.file, innermost.line) == (reported.file, reported.line):
             return None
         return SourceRef(innermost.file, innermost.line, innermost.function or None)
@@ -472,16 +470,6 @@ def _hands_back(inner: StackFrame, caller: StackFrame) -> bool:
     if not function.isidentifier() or not returned.lstrip().startswith("return "):
         return False
     return re.match(rf"\s*[\w\s,()\[\].]*?(?<![=!<>])=\s*(?:[\w.]+\.)?{re.escape(function)}\(", calling) is not None
-
-
-def _made_by_constraint(instruction: Instruction) -> bool:
-    """An op of a sharding constraint of the program (``with_sharding_constraint``'s op_name, torch_xla's
-    mark), whose value is what a constraint helper returns."""
-    metadata = instruction.metadata
-    if metadata is None:
-        return False
-    return (metadata.op_name or "").rsplit("/", 1)[-1] == "sharding_constraint" or \
-        metadata.op_type == "xla__custom_sharding"
 
 
 def calls_sharding_api(path: str, line: int) -> bool:
