@@ -43,7 +43,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corpusgen.hlo_walk import parse_module
-from corpusgen.oracle import label_collectives
+from corpusgen.oracle import NATURAL, label_collectives, natural_rules
 from corpusgen.programs import PATHOLOGIES, ProgramSpec, build, device_layout, ffn_size, random_spec
 from hlo_doctor.runner.targets import parse_target, target_devices
 from hlo_doctor.runner.trim import trim_dump
@@ -172,11 +172,6 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-# Natural pathologies: what XLA's propagation did to a program that asked for nothing wrong.
-NATURAL = {
-    "natural-redundant-compute": ("replicated-batch", "non-batch-dim-sharding"),
-    "natural-batch-traffic": ("activation-all-gather", "non-batch-dim-sharding", "replicated-batch", "reshard-churn"),
-}
 _ACTIVATION_TRAFFIC = ("activation-gather", "activation-reduce", "reshard")
 
 
@@ -247,7 +242,7 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
            pathology: str | None, evidence: str, rejected: list[str], twin: str | None) -> None:
     _trim(folder / "dump")
     if pathology in NATURAL:
-        expected, expected_any = [], list(NATURAL[pathology])
+        expected, expected_any = [], natural_rules(pathology, {a.name: a.role for a in spec.axes}, collectives)
     else:
         expected, expected_any = ([PATHOLOGIES[pathology]] if pathology else []), []
     # What the recipe also does, by design: the weights of a dim that does not divide its shard

@@ -63,6 +63,27 @@ _MOVES = frozenset({"copy", "bitcast", "reshape", "transpose", "convert"})
 _INTEGER = re.compile(r"^(s|u)\d+$|^pred$")
 
 
+# Natural pathologies: what XLA's propagation did to a program that asked for nothing wrong, and the
+# rules that name their root cause.
+NATURAL = {
+    "natural-redundant-compute": ("replicated-batch", "non-batch-dim-sharding"),
+    "natural-batch-traffic": ("activation-all-gather", "non-batch-dim-sharding", "replicated-batch", "reshard-churn"),
+}
+
+
+def natural_rules(pathology: str, axis_roles: dict[str, str], collectives: list[dict]) -> list[str]:
+    """The rules of which one must name a natural ``pathology``'s root cause. Redundant compute whose
+    labelled collectives include an activation all-gathered over an axis that is not a tensor axis
+    (the batch's rows gathered for a matmul instead of its weight: pytorch/xla#6778's pattern, which
+    the reviewed ``fsdp-activation-gather`` fixtures name ``activation-all-gather``) may be named so too."""
+    rules = list(NATURAL[pathology])
+    tensor = {name for name, role in axis_roles.items() if role == "tensor"}
+    if pathology == "natural-redundant-compute" and any(
+            c["role"] == "activation-gather" and not set(c["axes"]) <= tensor for c in collectives):
+        rules.append("activation-all-gather")
+    return rules
+
+
 @dataclass(frozen=True)
 class LabelledCollective:
     instruction: str

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from corpusgen.hlo_walk import parse_module
-from corpusgen.oracle import axes_of, groups_of, label_collectives
+from corpusgen.oracle import axes_of, groups_of, label_collectives, natural_rules
 from corpusgen.programs import PATHOLOGIES, device_layout, random_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +91,18 @@ def test_a_gradient_scattered_onto_is_still_a_gradient_but_scattered_rows_are_no
     roles = _roles(text)
     assert roles["gs"] == ("gradient-reduce", "backward")
     assert roles["hr"][0] != "gradient-reduce"  # the scattered rows still need the scatter to become one
+
+
+def test_natural_redundant_compute_names_an_activation_gathered_instead_of_a_weight_only_over_a_batch_axis():
+    roles = {"data": "data", "fsdp": "fsdp", "model": "tensor"}
+    plain = ["replicated-batch", "non-batch-dim-sharding"]
+    over_tensor = [{"role": "activation-gather", "axes": ["model"]}, {"role": "weight-gather", "axes": ["fsdp"]}]
+    assert natural_rules("natural-redundant-compute", roles, over_tensor) == plain
+    over_fsdp = [{"role": "activation-gather", "axes": ["fsdp"]}]
+    assert natural_rules("natural-redundant-compute", roles, over_fsdp) == [*plain, "activation-all-gather"]
+    # batch traffic already names it: nothing is added twice
+    traffic = natural_rules("natural-batch-traffic", roles, over_fsdp)
+    assert traffic.count("activation-all-gather") == 1
 
 
 def test_groups_in_every_form_and_the_axes_they_span():

@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hlo_doctor.graph.mesh import Mesh, dim_axes
+from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Sharding, ShardingKind
 from hlo_doctor.program.records import sharding_call_of
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 
-__all__ = ["BatchMove", "batch_move", "is_program_constraint", "program_constraints", "requested_batch_moves"]
+__all__ = ["BatchMove", "batch_move", "dot_losing_batch", "is_program_constraint", "program_constraints",
+           "requested_batch_moves", "tiles"]
 
 BatchMove = tuple[frozenset[str], bool]
 """The batch input's axes that sit on other dims of a value, and whether one of those dims is a feature dim."""
@@ -124,3 +126,47 @@ def _same_layout(first: Sharding | None, second: Sharding | None) -> bool:
         return first is second
     return (first.kind, first.tile_assignment, first.last_tile_dim_replicate, first.last_tile_dims) == (
         second.kind, second.tile_assignment, second.last_tile_dim_replicate, second.last_tile_dims)
+
+
+def dot_losing_batch(analysis: BatchAnalysis, computation: str, dot: Instruction
+                     ) -> tuple[int, int, list[int], Instruction, int, int] | None:
+    """A matmul of the propagated module that loses the batch: its result leaves a batch dim whole and
+    splits another dim, while an operand brings that batch dim in split. Returns (the result's batch
+    dim, the batch input's parameter number, the split dims, that operand, its batch dim, its shards)."""
+    key = (computation, dot.name)
+    batch_dims = analysis.batch_dims(key)
+    if not batch_dims:
+        return None  # its sharding is not even read
+    out_tiles = tiles(dot.sharding, dot.shape.rank)
+    if out_tiles is None:
+        return None
+    for dim, param in batch_dims.items():
+        if out_tiles[dim] != 1:
+            continue
+        sharded = [d for d, t in enumerate(out_tiles) if t > 1 and d != dim]
+        if not sharded:
+            continue
+        # the operand that carries this batch dim in, batch-sharded
+        for operand_name in dot.operands[:2]:
+            okey = (computation, operand_name)
+            operand = analysis.graph.instruction(okey)
+            in_dims = [d for d, p in analysis.batch_dims(okey).items() if p == param]
+            in_tiles = tiles(operand.sharding, operand.shape.rank) if not operand.shape.is_tuple else None
+            if in_tiles is None:
+                continue
+            for in_dim in in_dims:
+                if in_tiles[in_dim] > 1:
+                    return dim, param, sharded, operand, in_dim, in_tiles[in_dim]
+    return None
+
+
+def tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
+    """The number of shards of each dim of a tiled or replicated value, else None."""
+    if sharding is None or sharding.kind is ShardingKind.TUPLE:
+        return None
+    if sharding.kind not in (ShardingKind.TILED, ShardingKind.REPLICATED):
+        return None
+    try:
+        return tiles_per_dim(sharding, rank)
+    except ValueError:
+        return None

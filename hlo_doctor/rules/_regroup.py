@@ -28,14 +28,14 @@ from hlo_doctor.program.levers import with_lever
 from hlo_doctor.program.spec_sites import spec_site
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
 from hlo_doctor.program.torch_levers import torch_input_marks, torch_static_marks
-from hlo_doctor.rules._batch import activation_matmuls, batch_input, parameter_name, with_torch_source
+from hlo_doctor.rules._batch import batch_input, parameter_name, with_torch_source
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
 from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
 from hlo_doctor.semantics.parameters import EntryParameters, updates_of
 
-__all__ = ["Regroup", "propagated_batch", "regroup_site", "regrouped_batch", "rows_repeated", "torch_batch_lever"]
+__all__ = ["Regroup", "propagated_batch", "regroup_site", "regrouped_batch", "torch_batch_lever"]
 
 
 _SYMPTOM_ROLES = ACTIVATION_ROLES | {"reshard"}
@@ -216,45 +216,3 @@ def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_
                   for found in [torch_static_marks(program, list(spec), batch_axes)] if found is not None]
         lever = levers[0] if len(levers) == 1 else None
     return with_lever(finding, lever, ctx.framework)
-
-
-def rows_repeated(ctx: RuleContext, params: EntryParameters) -> tuple[float, float,
-                                                                     tuple[tuple[str, Instruction], ...]]:
-    """Per device: the FLOPs of all activation matmuls, of those whose operands hold more rows of
-    the batch than the batch input's shard (a dim that carries the batch, up to the global batch),
-    and those matmuls, largest first.
-
-    Read where the work happens, in the partitioned module: a constraint that regroups the batch
-    can be undone by propagation in the propagated module (its ops split again), while the
-    partitioner still all-gathers the rows for a matmul (a weight gradient over the whole batch).
-    """
-    semantics = ctx.semantics
-    module, graph, batch = ctx.per_device, semantics.view.graph, semantics.batch
-    entry = module.entry if module is not None else None
-    if module is None or entry is None or graph is None or batch is None:
-        return 0.0, 0.0, ()
-    rows = {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
-            if p.parameter_number in params.data and not p.shape.is_tuple and p.shape.rank >= 1}
-    total = repeated = 0.0
-    found: list[tuple[float, str, Instruction]] = []
-    for computation, dot, flops in activation_matmuls(module, graph, params):
-        total += flops
-        if any(_more_rows(batch, rows, computation, name) for name in dot.operands[:2]):
-            repeated += flops
-            found.append((flops, computation.name, dot))
-    found.sort(key=lambda f: (-f[0], f[2].name))
-    return total, repeated, tuple((c, d) for _, c, d in found)
-
-
-def _more_rows(batch: BatchAnalysis, rows: dict[int, int], computation, name: str) -> bool:  # noqa: ANN001
-    """Whether the operand ``name`` holds more rows of a batch input than its shard, up to the whole
-    batch, on a dim that carries it."""
-    operand = computation.get(name)
-    if operand is None or operand.shape.is_tuple:
-        return False
-    for dim, param in batch.batch_dims((computation.name, name)).items():
-        shard, whole = rows.get(param), batch.global_batch.get(param)
-        held = operand.shape.dims[dim] if dim < operand.shape.rank else 0
-        if shard and whole and shard < held <= whole and whole % held == 0 and held % shard == 0:
-            return True
-    return False

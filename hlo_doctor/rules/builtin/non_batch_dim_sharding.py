@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from hlo_doctor.errors import ShardingError
 from hlo_doctor.graph.dataflow import build_graph
 from hlo_doctor.graph.mesh import dim_axes
-from hlo_doctor.graph.sharding import tiles_per_dim
 from hlo_doctor.graph.source import module_path_of, user_frame
 from hlo_doctor.hlo.errors import ParseError
-from hlo_doctor.hlo.ir import Computation, Instruction, Sharding, ShardingKind
+from hlo_doctor.hlo.ir import Computation, Instruction
 from hlo_doctor.hlo.ir_metadata import SourceLocation, StackFrame
 from hlo_doctor.program.levers import user_constraint_respec, with_lever
 from hlo_doctor.program.library_levers import at_flax_rules
@@ -40,8 +39,12 @@ from hlo_doctor.rules._batch import (
 )
 from hlo_doctor.rules._program_layouts import (
     batch_move,
+    dot_losing_batch,
     program_constraints,
     requested_batch_moves,
+)
+from hlo_doctor.rules._program_layouts import (
+    tiles as dim_tiles,
 )
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, SourceRef, Suggestion
 from hlo_doctor.rules.context import RuleContext
@@ -181,7 +184,7 @@ class NonBatchDimSharding(Rule):
                     continue
                 if instruction.shape.byte_size < self.options.min_bytes:
                     continue
-                found = self._judge(analysis, computation.name, instruction)
+                found = dot_losing_batch(analysis, computation.name, instruction)
                 if found is not None:
                     judged.append((computation.name, instruction, found))
         user_constraints = program_constraints(module, analysis)
@@ -230,9 +233,9 @@ class NonBatchDimSharding(Rule):
             operand_key = (computation.name, constraint.operands[0])
             if _reaches_back(computation, constraint, judged_outputs):
                 continue
-            tiles = _tiles(constraint.sharding, constraint.shape.rank)
+            tiles = dim_tiles(constraint.sharding, constraint.shape.rank)
             operand = analysis.graph.instruction(operand_key) if operand_key in analysis.graph else None
-            in_tiles = _tiles(operand.sharding, operand.shape.rank) if operand is not None \
+            in_tiles = dim_tiles(operand.sharding, operand.shape.rank) if operand is not None \
                 and not operand.shape.is_tuple else None
             if tiles is None or in_tiles is None or constraint.sharding is None:
                 continue
@@ -319,42 +322,15 @@ class NonBatchDimSharding(Rule):
                                        finding.source.line)
         return with_lever(finding, lever, ctx.framework)
 
-    def _judge(self, analysis: BatchAnalysis, computation: str, dot: Instruction):
-        key = (computation, dot.name)
-        batch_dims = analysis.batch_dims(key)
-        if not batch_dims:
-            return None  # its sharding is not even read
-        out_tiles = _tiles(dot.sharding, dot.shape.rank)
-        if out_tiles is None:
-            return None
-        for dim, param in batch_dims.items():
-            if out_tiles[dim] != 1:
-                continue
-            sharded = [d for d, t in enumerate(out_tiles) if t > 1 and d != dim]
-            if not sharded:
-                continue
-            # the operand that carries this batch dim in, batch-sharded
-            for operand_name in dot.operands[:2]:
-                okey = (computation, operand_name)
-                operand = analysis.graph.instruction(okey)
-                in_dims = [d for d, p in analysis.batch_dims(okey).items() if p == param]
-                in_tiles = _tiles(operand.sharding, operand.shape.rank) if not operand.shape.is_tuple else None
-                if in_tiles is None:
-                    continue
-                for in_dim in in_dims:
-                    if in_tiles[in_dim] > 1:
-                        return dim, param, sharded, operand, in_dim, in_tiles[in_dim]
-        return None
-
     def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction,
                  partitioned_name: str | None, module_paths: frozenset[str], times: int,
                  judged: tuple[int, int, list[int], Instruction, int, int]) -> Finding:
         """The finding of one judged dot (``times``: its executions per step; ``judged``: what
-        :meth:`_judge` found)."""
+        :func:`~hlo_doctor.rules._program_layouts.dot_losing_batch` found)."""
         batch_dim, param, sharded, operand, in_dim, in_shards = judged
         mesh = ctx.mesh
         per_dim = dim_axes(dot.sharding, dot.shape.rank, mesh) if mesh is not None else None
-        tiles = _tiles(dot.sharding, dot.shape.rank) or ()
+        tiles = dim_tiles(dot.sharding, dot.shape.rank) or ()
         where = ", ".join(
             f"dim {d} ({dot.shape.dims[d]}) over {axes_text(per_dim[d]) if per_dim else f'{tiles[d]} shards'}"
             for d in sharded
@@ -474,17 +450,6 @@ def _constraint_reached(users: Mapping[str, list[Instruction]], value: Instructi
                 continue
             frontier.append(user)
     return None
-
-
-def _tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
-    if sharding is None or sharding.kind is ShardingKind.TUPLE:
-        return None
-    if sharding.kind not in (ShardingKind.TILED, ShardingKind.REPLICATED):
-        return None
-    try:
-        return tiles_per_dim(sharding, rank)
-    except ValueError:
-        return None
 
 
 def _weights(ctx: RuleContext, analysis: BatchAnalysis, updated: frozenset[int]) -> frozenset[int]:

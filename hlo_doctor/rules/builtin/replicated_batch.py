@@ -21,7 +21,8 @@ from hlo_doctor.rules._batch import (
     with_torch_source,
 )
 from hlo_doctor.rules._batch_lever import at_batch_lever
-from hlo_doctor.rules._regroup import propagated_batch, regrouped_batch, rows_repeated
+from hlo_doctor.rules._lost_rows import asked_or_judged, partitioner_regroup, rows_repeated
+from hlo_doctor.rules._regroup import propagated_batch, regrouped_batch
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -99,9 +100,19 @@ class ReplicatedBatch(Rule):
     batch): then the repeated work is read in the partitioned module, as the
     matmuls whose operands hold more rows of the batch per device than the
     batch input's shard; the program's constraint is the evidence of the
-    regroup there, so ``min_redundant_fraction`` is the bar. Without such a
-    constraint, rows the partitioner gathers on its own are left to the
-    traffic rules (``activation-all-gather``, ``reshard-churn``).
+    regroup there, so ``min_redundant_fraction`` is the bar.
+
+    No constraint of the program may regroup the batch, yet the partitioner
+    gathers its rows on its own: propagation chose a layout that leaves the
+    batch whole (a scan's carry split on its features because the weights
+    inside are, a weight gradient over every row). When the matmuls whose
+    operands hold more rows than the input's shard are at least
+    ``min_regrouped_fraction`` of the activation matmuls' FLOPs per device,
+    the finding is at the collective where the rows grow (an all-gather, or a
+    collective-permute or all-to-all that hands each device other rows: the
+    one that reaches the most of that work), its fix a constraint that keeps
+    the batch dim split there; the activation traffic on the repeated rows
+    is folded into it as symptoms.
 
     When the batch is split over no axis, the batch input must divide over
     the axes it would be split over (6 rows on 8 devices cannot): otherwise
@@ -254,22 +265,36 @@ class ReplicatedBatch(Rule):
                                     propagated_batch(ctx, module, graph, params))
             if found is not None:
                 yield found
+                return
+        if not regroup_axes:
             return
-        if regroup_axes:
+        # Read where the work happens, in the partitioned module: the matmuls whose operands hold more
+        # rows of the batch than the input's shard.
+        repeated = rows_repeated(ctx, params)
+        if not repeated.dots or repeated.repeated_flops < self.options.min_redundant_fraction * repeated.device_flops:
+            return
+        batch = propagated_batch(ctx, module, graph, params)
+        if not regrouped:
             # Propagation may split again what a constraint regrouped: the partitioned module's
             # matmuls then still gather the rows (a weight gradient over the whole batch).
             # The program's own constraint (regrouped_batch finds it, or reports nothing) is the
             # evidence of the regroup here: the repeated share need only pass the general bar.
-            device_flops, repeated_flops, dots = rows_repeated(ctx, params)
-            if not dots or repeated_flops < self.options.min_redundant_fraction * device_flops:
-                return
-            batch = propagated_batch(ctx, module, graph, params)  # once for every axis tried
             for axis in sorted(regroup_axes, key=lambda a: (-mesh.axis_size(a), a)):
                 found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
-                                        _Axis(axis, mesh.axis_size(axis), repeated_flops, dots), device_flops, batch)
+                                        _Axis(axis, mesh.axis_size(axis), repeated.repeated_flops, repeated.dots),
+                                        repeated.device_flops, batch)
                 if found is not None:
                     yield found
                     return
+        # No constraint of the program's regroups the batch, yet the partitioner gathers its rows for
+        # much of the work: where they grow is the finding (a propagated layout, not the program's). A
+        # constraint of the program's that leaves the batch off an axis asks for those rows itself, and a
+        # matmul that loses the batch is non-batch-dim-sharding's finding.
+        if repeated.repeated_flops >= self.options.min_regrouped_fraction * repeated.device_flops \
+                and not asked_or_judged(module, batch, mesh, batch_axes):
+            found = partitioner_regroup(self, ctx, params, mesh, batch_axes, repeated)
+            if found is not None:
+                yield found
 
     def _gathered_instead(self, ctx: RuleContext, module: HloModule, params: EntryParameters, mesh: Mesh,
                           used: set[str]) -> Finding | None:
