@@ -68,6 +68,8 @@ CASES = [
     Case("non-batch-dim-sharding", "jax", "non-batch-dim-sharding/jax-gspmd-bad", "gspmd"),
     Case("non-batch-dim-sharding", "torch_xla", "non-batch-dim-sharding/torch_xla-bad"),
     Case("scan-lost-batch", "jax", "scan-lost-batch/jax-shardy-bad", "shardy"),
+    # the batch lost at an embedding lookup: its result constrained to the tokens' sharding
+    Case("embedding-lost-batch", "jax", "embedding-lost-batch/jax-shardy-bad", "shardy"),
     Case("replicated-large-param", "jax", "replicated-large-param/jax-gspmd-bad", "gspmd"),
     Case("cross-host-tp", "jax", "cross-host-tp/jax-gspmd-bad", "gspmd"),
     Case("transposed-mesh", "jax", "transposed-mesh/jax-gspmd-bad", "gspmd"),

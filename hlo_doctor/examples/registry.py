@@ -178,6 +178,12 @@ EXAMPLES: tuple[Example, ...] = (
         "(fixed: the carried activation constrained to the batch sharding)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("scan_lost_batch"),
     ),
+    Example(
+        "embedding-lost-batch",
+        "FSDP step whose embedding table is sharded on d_model: the lookup follows the table and drops "
+        "the batch from 'fsdp' (fixed: the lookup's result constrained to the tokens' batch sharding)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("embedding_lost_batch"),
+    ),
     # --- memory per device (`hlo-doctor memory`) ---
     Example(
         "device-memory",

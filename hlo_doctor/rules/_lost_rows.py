@@ -196,8 +196,9 @@ def partitioner_regroup(rule: Rule, ctx: RuleContext, params: EntryParameters, m
         f"input {input_name} is split over {'/'.join(repr(a) for a in combined)} ({lost.rows_before} rows per "
         f"device), but {collective.opcode} {collective.name} ({collective.shape}) puts {_rows(lost.rows_after)} on each "
         f"device along its dim {lost.batch_dim} (over {over}), so {share:.0%} of the matmul FLOPs per device take "
-        f"{factor}x the rows of the device's shard from there on (e.g. {top.name} {top.shape}): the devices that "
-        "share those rows compute the same work"
+        f"{factor}x the rows of the device's shard from there on (e.g. {top.name} {top.shape}): each row is "
+        "computed by more devices than the batch split asks for, repeated where the weights are whole and split "
+        "on the weights' dims where they are not (then put together by activation collectives)"
     )
     spec: list[tuple[str, ...] | None] = [None] * collective.shape.rank
     spec[lost.batch_dim] = combined
@@ -217,7 +218,7 @@ def partitioner_regroup(rule: Rule, ctx: RuleContext, params: EntryParameters, m
         evidence={
             "pattern": "partitioner-regroup",
             "replicated_axes": list(lost.axes),
-            "redundancy_factor": factor,
+            "rows_factor": factor,
             "batch_axes": sorted(batch_axes),
             "batch_input": input_name,
             "rows_per_device": lost.rows_after,

@@ -26,8 +26,8 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Sharding, Sha
 from hlo_doctor.program.records import sharding_call_of
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 
-__all__ = ["BatchMove", "batch_move", "dot_losing_batch", "is_program_constraint", "program_constraints",
-           "requested_batch_moves", "tiles"]
+__all__ = ["BatchMove", "batch_move", "dot_losing_batch", "is_program_constraint", "lookup_losing_batch",
+           "program_constraints", "requested_batch_moves", "tiles"]
 
 BatchMove = tuple[frozenset[str], bool]
 """The batch input's axes that sit on other dims of a value, and whether one of those dims is a feature dim."""
@@ -170,3 +170,31 @@ def tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
         return tiles_per_dim(sharding, rank)
     except ValueError:
         return None
+
+
+def lookup_losing_batch(analysis: BatchAnalysis, computation: str, lookup: Instruction, mesh: Mesh
+                        ) -> tuple[int, int, list[int], Instruction, int, frozenset[str]] | None:
+    """An embedding lookup (a ``gather`` from a table by batch-derived indices) of the propagated module
+    that loses the batch from some axes: its result splits a batch dim over fewer axes than its indices
+    bring it in on, and another dim over the axes it dropped (propagation followed the table's sharding).
+    Returns (the result's batch dim, the batch input's parameter number, the dims split over the dropped
+    axes, the indices, their batch dim, the dropped axes)."""
+    if lookup.opcode != "gather" or lookup.shape.is_tuple or len(lookup.operands) < 2:
+        return None
+    key = (computation, lookup.name)
+    if not analysis.batch_dims(key) or analysis.batch_dims((computation, lookup.operands[0])):
+        return None  # no batch in it, or the table itself derives from the batch
+    out = axes_per_dim(lookup, mesh)
+    indices = analysis.graph.instruction((computation, lookup.operands[1]))
+    given = axes_per_dim(indices, mesh) if not indices.shape.is_tuple else None
+    if out is None or given is None:
+        return None
+    for dim, param in analysis.batch_dims(key).items():
+        for in_dim, in_param in analysis.batch_dims((computation, indices.name)).items():
+            if in_param != param or dim >= len(out) or in_dim >= len(given):
+                continue
+            dropped = given[in_dim] - out[dim]
+            split = [d for d, axes in enumerate(out) if d != dim and axes & dropped]
+            if dropped and split:
+                return dim, param, split, indices, in_dim, frozenset(dropped)
+    return None

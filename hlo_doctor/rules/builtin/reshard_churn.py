@@ -55,7 +55,12 @@ class ReshardChurn(Rule):
     * *involuntary full rematerialization*: an ``all-gather`` whose result
       is only ``dynamic-slice``-d by partition id into a different sharding
       (XLA's fallback when it finds no cheaper reshard; it logs "Involuntary
-      full rematerialization");
+      full rematerialization"), as a step of such a chain. Alone it is one
+      reshard between two layouts, not churn: the data it moves is needed
+      (only its bytes past an all-to-all's are waste), and the layout that
+      needs it is what a finding names (the batch lost, a feature split),
+      or XLA's own choice (an embedding's gradient cut to the table's
+      feature shards);
     * *constraints in turn*: the program's own sharding constraints take one
       value through three layouts or more in a row (rows, then the
       sequence, then the features: ``A -> B -> C -> D``) with only
@@ -177,6 +182,10 @@ class ReshardChurn(Rule):
         if reshard_bytes + gather_bytes < self.options.min_bytes:
             return None
         remat = len(chain) == 1 and first.slice is not None
+        if remat and not (twins or group.later):
+            # one reshard between two layouts, not churn: the layout that needs it is the finding (its
+            # bytes past an all-to-all's are the waste, not all of them), and XLA's own choice otherwise
+            return None
         if remat:
             message = (
                 f"all-gather {first.op.instruction} gathers {_dims(first.before_dims)} to {_dims(first.instruction.shape.dims)} "
