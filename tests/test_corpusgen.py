@@ -303,3 +303,35 @@ def test_a_deviceless_target_program_is_a_plain_dump_whose_roles_the_analysis_ag
     score = score_program(folder)
     roles = [d for d in score.disagreements if d.kind == "role"]
     assert score.roles_agreed == score.roles_total and not roles, [d.line() for d in roles]
+
+
+# -- a weight split like the batch is no placement to compare with -------------------------------
+
+# fresh seed 61001's tx0004d (reviewed 2026-12-07 in its HLO): a data-parallel torch_xla step on
+# ('x', 'batch') whose weights the program leaves replicated; a mark splits the MLP's hidden features
+# over both axes, which propagation carries into the up and down weights (the dump is the second
+# step's graph: they enter it split 16 ways, never gathered), while the head stays replicated.
+_TX0004D = {
+    "seed": 61001183409, "devices": 16, "hosts": 2,
+    "axes": [{"name": "x", "size": 4, "role": "data"}, {"name": "batch", "size": 4, "role": "data"}],
+    "physical": ["batch", "x"], "style": "mark", "model": "mlp", "layers": 1, "batch": 16, "seq": 16,
+    "hidden": 256, "ffn": 768, "heads": 4, "head_dim": 32, "vocab": 1024, "features": 64, "norm": "rms",
+    "head_fold": True, "tied": False, "bias": True, "train": True, "optimizer": "sgd",
+    "constrain_layers": False, "shard_norms": True, "injection": "feature-dim-constraint",
+    "injection_axis": None, "framework": "torch_xla", "notes": [],
+}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs the torch-xla extra")
+def test_a_weight_that_took_a_marked_feature_split_is_no_placement_to_compare_with(tmp_path):
+    from corpusgen.torch_generate import compile_program
+    from corpusgen.torch_programs import TorchSpec
+    from hlo_doctor.analysis import analyze_dump
+    from hlo_doctor.testing import builtin_rule_ids
+
+    spec = TorchSpec.from_json(_TX0004D)
+    compile_program(spec, tmp_path / "dump")
+    report = analyze_dump(tmp_path / "dump", select=builtin_rule_ids())
+    rules = {f.rule for f in report.findings}
+    # the mark is the finding; the replicated head beside the weights it split is not
+    assert rules == {"non-batch-dim-sharding"}, [f.message[:200] for f in report.findings]

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_doctor.graph.mesh import dim_axes
 from hlo_doctor.graph.sharding import layout
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.program.levers import parameter_respec, with_lever
@@ -19,9 +20,11 @@ from hlo_doctor.program.source import recorded_parameter_path
 from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._batch import buffer_donors
 from hlo_doctor.rules._memory import parameter_classes
+from hlo_doctor.rules._program_layouts import axes_per_dim, program_constraints
 from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
+from hlo_doctor.semantics.batch_dims import analyze_data_batch
 from hlo_doctor.units import format_bytes
 
 _LARGE = 1024 * 1024  # bytes: a parameter this big is judged whatever the model
@@ -52,6 +55,13 @@ class ReplicatedLargeParameter(Rule):
     so a data-parallel program, whose weights are all replicated on purpose
     while its batch is sharded, gets no finding; nor does one whose optimizer
     state alone is sharded (ZeRO-1): the state does not count as a sharded weight.
+    Nor does a weight split only over axes that split the batch, that a
+    constraint of the program puts on an activation's features, and never
+    gathered: its matmuls run split over the batch's axes, so it took that
+    activation's feature split (propagated into the weights, in this step or
+    the step before whose output it is): that is
+    ``non-batch-dim-sharding``'s finding, not a placement of the program's to
+    compare with.
 
     **Why it hurts**
 
@@ -149,6 +159,10 @@ class ReplicatedLargeParameter(Rule):
             # own: the state is no comparable weight (replicated-optimizer-state judges the state)
             state = {n for n, c in parameter_classes(ctx).items() if c == "optimizer_state"}
             sharded = [(param, tiles) for param, tiles in sharded if param.parameter_number not in state]
+        if replicated and sharded:
+            feature_split = _feature_split_axes(ctx)
+            sharded = [(param, tiles) for param, tiles in sharded
+                       if not _split_like_the_batch(ctx, param, feature_split)]
         if not replicated or not sharded:
             return
         shard_count, axes = _weight_axes(ctx, sharded)
@@ -229,6 +243,46 @@ def _dim_from_uses(ctx: RuleContext, param: Instruction, shape, axes, shard_coun
         return None
     graph = ctx.sharded_graph
     return weight_shard_dim(graph, twin, shape, axes, shard_count, ctx.mesh) if graph is not None else None
+
+
+def _feature_split_axes(ctx: RuleContext) -> set[str]:
+    """The mesh axes that the program's own sharding constraints put on a dim other than the batch's
+    of a value that carries the batch (a hidden activation split over the data axes)."""
+    module, graph, mesh, params = ctx.sharded, ctx.sharded_graph, ctx.mesh, ctx.semantics.parameters
+    if module is None or graph is None or mesh is None or params is None or not params.data:
+        return set()
+    analysis = analyze_data_batch(ctx.semantics.view, module, graph, params.data)
+    found: set[str] = set()
+    for computation, constraint in program_constraints(module, analysis):
+        layout = axes_per_dim(constraint, mesh)
+        batch_dims = analysis.batch_dims((computation.name, constraint.name))
+        for dim, axes in enumerate(layout or ()):
+            if dim not in batch_dims:
+                found |= axes
+    return found
+
+
+def _split_like_the_batch(ctx: RuleContext, param: Instruction, feature_split: set[str]) -> bool:
+    """Whether a sharded weight is no placement to compare with: it is split only over axes that split
+    the batch and that a constraint of the program puts on an activation's features
+    (``feature_split``), and no collective gathers it (FSDP gathers its weights before their matmuls),
+    so its matmuls run split over the batch's axes: the weight took that activation's feature split
+    (non-batch-dim-sharding's finding), in this step's propagation or an earlier one's."""
+    mesh, sharding, graph = ctx.mesh, param.sharding, ctx.semantics.view.graph
+    batch = set(ctx.semantics.batch_split_axes)
+    shapes = ctx.global_parameter_shapes
+    number = param.parameter_number
+    if mesh is None or sharding is None or graph is None or not batch or shapes is None or number is None:
+        return False
+    try:
+        per_dim = dim_axes(sharding, shapes[number].rank, mesh)
+    except (ValueError, KeyError):
+        return False
+    axes = {a.split(":(")[0] for dims in per_dim or () for a in dims}
+    if not axes or not axes <= batch or not axes & feature_split:
+        return False
+    return not any(role.role == "weight-gather" and number in graph.entry_parameters(role.facts.key)
+                   for role in ctx.semantics.roles)
 
 
 def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None]:
