@@ -347,3 +347,46 @@ def test_marks_in_turn_are_one_chain_in_torch_xla():
     (churn,) = [f for f in report.findings if f.rule == CHURN]
     assert [f.rule for f in report.findings] == [CHURN]
     assert {s["instruction"] for s in churn.evidence["symptoms"]} == {"all-gather", "all-gather.1"}
+
+
+# Hand-written HLO: a data-parallel step (batch 8 over 2 devices, 4 rows each) whose value is flipped
+# to another layout and back by two all-to-alls with only an elementwise op between. ROWS makes that
+# value: from the device's own rows, or from all 8 rows gathered (the batch lost there).
+_FLIP_ON_ROWS = """\
+HloModule jit_step, entry_computation_layout={(f32[64,32]{1,0}, f32[8,64]{1,0})->(f32[64,32]{1,0}, f32[8,64]{1,0})}, num_partitions=2
+
+ENTRY %main.0_spmd (w: f32[64,32], x: f32[4,64]) -> (f32[64,32], f32[8,64]) {
+  %w = f32[64,32]{1,0} parameter(0), sharding={replicated}, metadata={op_name="params['w']"}
+  %x = f32[4,64]{1,0} parameter(1), sharding={devices=[2,1]<=[2]}, metadata={op_name="batch['x']"}
+  ROWS
+  %reshape = f32[R,2,32]{2,1,0} reshape(%v)
+  %all-to-all = f32[R,2,32]{2,1,0} all-to-all(%reshape), channel_id=1, replica_groups={{0,1}}, dimensions={1}
+  %reshape.1 = f32[R2,32]{1,0} reshape(%all-to-all)
+  %negate = f32[R2,32]{1,0} negate(%reshape.1)
+  %reshape.2 = f32[R,2,32]{2,1,0} reshape(%negate)
+  %all-to-all.1 = f32[R,2,32]{2,1,0} all-to-all(%reshape.2), channel_id=2, replica_groups={{0,1}}, dimensions={1}
+  %h = f32[R,64]{1,0} reshape(%all-to-all.1)
+  %d = f32[R,32]{1,0} dot(%h, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %g = f32[64,32]{1,0} dot(%h, %d), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %lr = f32[] constant(0.1)
+  %lrb = f32[64,32]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[64,32]{1,0} multiply(%g, %lrb)
+  %new = f32[64,32]{1,0} subtract(%w, %step)
+  ROOT %out = (f32[64,32]{1,0}, f32[R,64]{1,0}) tuple(%new, %h)
+}
+"""
+
+
+@pytest.mark.parametrize("gathered", [False, True])
+def test_the_partitioners_flips_of_repeated_rows_are_the_lost_batchs_symptom(tmp_path, gathered):
+    rows, value = (8, "%v = f32[8,64]{1,0} all-gather(%x), channel_id=3, replica_groups={{0,1}}, dimensions={0}, "
+                      "use_global_device_ids=true") if gathered else (4, "%v = f32[4,64]{1,0} negate(%x)")
+    text = (_FLIP_ON_ROWS.replace("ROWS", value).replace("R2", str(2 * rows)).replace("[R,", f"[{rows},")
+            .replace("f32[R,64]", f"f32[{rows},64]"))
+    name = "module_0000.jit_step.0001.spmd-partitioner.after_spmd-partitioning.before_control-dep-rewriter.txt"
+    (tmp_path / name).write_text(text)
+    findings = analyze_dump(tmp_path, select=[CHURN, "activation-all-gather"]).findings
+    if not gathered:  # the device's own rows flipped and back: churn
+        assert [(f.rule, f.instruction) for f in findings] == [(CHURN, "all-to-all")]
+    else:  # the flips hold all 8 rows: the gather that lost the batch is the finding, not them
+        assert [(f.rule, f.instruction) for f in findings] == [("activation-all-gather", "v")]

@@ -36,8 +36,9 @@ from hlo_doctor.semantics.batch_dims import BatchAnalysis
 from hlo_doctor.semantics.opclasses import MATMULS
 from hlo_doctor.semantics.parameters import EntryParameters
 
-__all__ = ["RepeatedRows", "RowsLost", "held_rows", "asked_or_judged", "partitioner_regroup", "rows_lost",
-           "rows_repeated"]
+__all__ = ["RepeatedRows", "RowsLost", "asked_or_judged", "batch_shards", "held_rows", "partitioner_regroup",
+           "rows_lost", "rows_repeated"]
+
 
 _MOVES = ACTIVATION_ROLES | {"reshard"}
 
@@ -96,7 +97,7 @@ def rows_repeated(ctx: RuleContext, params: EntryParameters) -> RepeatedRows:
     entry = module.entry if module is not None else None
     if module is None or entry is None or graph is None or batch is None:
         return RepeatedRows(0.0, 0.0, (), {})
-    shards = _shards(entry, params)
+    shards = batch_shards(entry, params)
     total = repeated = 0.0
     found: list[tuple[float, str, Instruction]] = []
     for computation, dot, flops in activation_matmuls(module, graph, params):
@@ -109,7 +110,7 @@ def rows_repeated(ctx: RuleContext, params: EntryParameters) -> RepeatedRows:
     return RepeatedRows(total, repeated, tuple((c, d) for _, c, d in found), {d.name: f for f, _, d in found})
 
 
-def _shards(entry, params: EntryParameters) -> dict[int, int]:  # noqa: ANN001 - a Computation
+def batch_shards(entry, params: EntryParameters) -> dict[int, int]:  # noqa: ANN001 - a Computation
     """Each data input's rows per device (dim 0 of its per-device shape), by parameter number."""
     return {p.parameter_number: p.shape.dims[0] for p in entry.parameters()
             if p.parameter_number in params.data and not p.shape.is_tuple and p.shape.rank >= 1}
@@ -123,7 +124,7 @@ def rows_lost(ctx: RuleContext, params: EntryParameters, repeated: RepeatedRows)
     entry = module.entry if module is not None else None
     if module is None or entry is None or graph is None or batch is None:
         return None
-    shards = _shards(entry, params)
+    shards = batch_shards(entry, params)
     flops_of = repeated.flops
     dot_ids = {}
     for computation, dot in repeated.dots:

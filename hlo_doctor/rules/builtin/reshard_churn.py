@@ -18,6 +18,7 @@ from hlo_doctor.program.suggest import (
     torch_spec,
     with_user_variable,
 )
+from hlo_doctor.rules._lost_rows import batch_shards, held_rows
 from hlo_doctor.rules._reshards import (
     Reshard,
     constrained_in_turn,
@@ -66,6 +67,11 @@ class ReshardChurn(Rule):
       sequence, then the features: ``A -> B -> C -> D``) with only
       elementwise and layout ops between, whether or not the value comes
       back: every layout but the last is resharded into for nothing.
+
+    A back-and-forth that no constraint of the program drives, on a value
+    that holds more rows of the batch than the input's shard (the batch
+    already gathered), is the lost batch's symptom, not churn: the finding
+    that names where the batch is lost holds it.
 
     Collectives that also gather a value of the chain (an ``all-gather`` of
     an intermediate layout) are counted with it. One finding per chain, at
@@ -186,6 +192,10 @@ class ReshardChurn(Rule):
             # one reshard between two layouts, not churn: the layout that needs it is the finding (its
             # bytes past an all-to-all's are the waste, not all of them), and XLA's own choice otherwise
             return None
+        if not group.in_turn and constraint_before(group.kept) is None and _on_repeated_rows(ctx, first):
+            # the partitioner's own flips of a value that holds more rows of the batch than the input's
+            # shard: a symptom of the lost batch (the finding that names where it is lost), not churn
+            return None
         if remat:
             message = (
                 f"all-gather {first.op.instruction} gathers {_dims(first.before_dims)} to {_dims(first.instruction.shape.dims)} "
@@ -299,6 +309,15 @@ class ReshardChurn(Rule):
 
 
 Chain = list[tuple[Reshard, set[str]]]
+
+
+def _on_repeated_rows(ctx: RuleContext, first: Reshard) -> bool:
+    """Whether the value a chain starts from holds more rows of a batch input than the input's shard."""
+    params, batch, module = ctx.semantics.parameters, ctx.semantics.batch, ctx.per_device
+    entry = module.entry if module is not None else None
+    if params is None or batch is None or entry is None or first.before.shape.is_tuple:
+        return False
+    return held_rows(batch, batch_shards(entry, params), first.computation.name, first.before) is not None
 
 
 @dataclass(slots=True)
