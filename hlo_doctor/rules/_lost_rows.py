@@ -5,8 +5,10 @@ more rows of the batch on each device than the batch input's shard: XLA's
 propagation chose a layout that leaves the batch whole somewhere (a scan's
 carry split on its features because the weights inside are, an FSDP weight
 gradient computed on every row), and the partitioner gathers the rows to get
-there. From that collective on, the matmuls on those rows run on every device
-of the gather's group: the same rows, computed again.
+there. From that collective on, each row is computed by more devices than the
+batch split asks for: the same work repeated where the weights are whole, split
+on the weights' dims where they are not (and put together again by activation
+collectives).
 
 The site is read in the partitioned module, where the rows grow: a collective
 (an all-gather, or a collective-permute / all-to-all that hands each device
@@ -193,9 +195,9 @@ def partitioner_regroup(rule: Rule, ctx: RuleContext, params: EntryParameters, m
     collective = lost.collective
     over = "/".join(repr(a) for a in lost.axes) or "its group"
     message = (
-        f"the partitioner gathers the batch's rows mid-graph with no constraint of the program asking: the batch "
-        f"input {input_name} is split over {'/'.join(repr(a) for a in combined)} ({lost.rows_before} rows per "
-        f"device), but {collective.opcode} {collective.name} ({collective.shape}) puts {_rows(lost.rows_after)} on each "
+        f"the partitioner puts more of the batch's rows on each device mid-graph with no constraint of the program "
+        f"asking: the batch input {input_name} is split over {'/'.join(repr(a) for a in combined)} "
+        f"({_rows(lost.rows_before)} per device), but {collective.opcode} {collective.name} ({collective.shape}) puts {_rows(lost.rows_after)} on each "
         f"device along its dim {lost.batch_dim} (over {over}), so {share:.0%} of the matmul FLOPs per device take "
         f"{factor}x the rows of the device's shard from there on (e.g. {top.name} {top.shape}): each row is "
         "computed by more devices than the batch split asks for, repeated where the weights are whole and split "
