@@ -30,7 +30,7 @@ from hlo_doctor.graph.mesh import Mesh
 from hlo_doctor.hlo.ir import HloModule, Instruction
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, jax_spec, with_user_variable
 from hlo_doctor.rules._batch import activation_matmuls, parameter_name, with_torch_source
-from hlo_doctor.rules._program_layouts import axes_per_dim, dot_losing_batch, program_constraints
+from hlo_doctor.rules._program_layouts import constraint_layouts, dot_losing_batch
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -243,14 +243,8 @@ def asked_or_judged(module: HloModule, analysis: BatchAnalysis, mesh: Mesh, batc
            for computation in module.computations for instruction in computation.instructions
            if instruction.opcode in MATMULS and not instruction.shape.is_tuple):
         return True
-    for computation, constraint in program_constraints(module, analysis):
-        layout = axes_per_dim(constraint, mesh)
-        if layout is None:
-            continue
-        key = (computation.name, constraint.name)
-        if any(dim < len(layout) and not batch_axes <= layout[dim] for dim in analysis.batch_dims(key)):
-            return True
-    return False
+    return any(dim < len(layout) and not batch_axes <= layout[dim]
+               for layout, batch_dims in constraint_layouts(module, analysis, mesh) for dim in batch_dims)
 
 
 def _rows(count: int) -> str:

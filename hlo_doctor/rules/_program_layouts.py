@@ -18,7 +18,7 @@ off the hidden dim) renumbers the dims but keeps the axes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from hlo_doctor.graph.mesh import Mesh, dim_axes
 from hlo_doctor.graph.sharding import tiles_per_dim
@@ -26,7 +26,7 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Sharding, Sha
 from hlo_doctor.program.records import sharding_call_of
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 
-__all__ = ["BatchMove", "batch_move", "dot_losing_batch", "is_program_constraint", "lookup_losing_batch",
+__all__ = ["BatchMove", "batch_move", "constraint_layouts", "dot_losing_batch", "is_program_constraint", "lookup_losing_batch",
            "program_constraints", "requested_batch_moves", "tiles"]
 
 BatchMove = tuple[frozenset[str], bool]
@@ -50,6 +50,16 @@ def program_constraints(module: HloModule, analysis: BatchAnalysis) -> list[tupl
             for instruction in computation.instructions
             if is_program_constraint(instruction) and not instruction.shape.is_tuple and instruction.operands
             and analysis.batch_dims((computation.name, instruction.name))]
+
+
+def constraint_layouts(module: HloModule, analysis: BatchAnalysis, mesh: Mesh
+                       ) -> Iterator[tuple[tuple[frozenset[str], ...], dict[int, int]]]:
+    """Each of the program's constraints on values that carry the batch (:func:`program_constraints`)
+    whose layout reads: the axes on each of its dims, and its batch dims (dim -> the batch input)."""
+    for computation, constraint in program_constraints(module, analysis):
+        layout = axes_per_dim(constraint, mesh)
+        if layout is not None:
+            yield layout, analysis.batch_dims((computation.name, constraint.name))
 
 
 def axes_per_dim(instruction: Instruction, mesh: Mesh) -> tuple[frozenset[str], ...] | None:

@@ -32,10 +32,10 @@ from hlo_doctor.rules._batch import batch_input, parameter_name, with_torch_sour
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
-from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
+from hlo_doctor.semantics.batch_dims import BatchAnalysis
 from hlo_doctor.semantics.parameters import EntryParameters, updates_of
 
-__all__ = ["Regroup", "propagated_batch", "regroup_site", "regrouped_batch", "torch_batch_lever"]
+__all__ = ["Regroup", "regroup_site", "regrouped_batch", "torch_batch_lever"]
 
 
 _SYMPTOM_ROLES = ACTIVATION_ROLES | {"reshard"}
@@ -125,7 +125,7 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
                     params: EntryParameters, mesh: Mesh, batch_axes: set[str], repeated: RepeatedAxis,
                     activation_flops: float, batch: BatchAnalysis) -> Finding | None:
     """The finding for a batch split over ``repeated.name`` at the input and regrouped off it later;
-    ``batch``: the batch dim of each value of the propagated ``module`` (:func:`propagated_batch`)."""
+    ``batch``: the batch dim of each value of the propagated ``module`` (:attr:`RuleContext.propagated_batch`)."""
     largest = batch_input(module, params)
     if largest is None or not repeated.dots:
         return None
@@ -198,12 +198,6 @@ def regrouped_batch(rule: Rule, ctx: RuleContext, module: HloModule, graph: Data
     edit = SourceEdit("respec", ctx.framework or "jax", spec=tuple(new), old_spec=written, file=source.file,
                       line=respec.line)
     return dataclasses.replace(finding, suggestion=dataclasses.replace(finding.suggestion, edits=(edit,)))
-
-
-def propagated_batch(ctx: RuleContext, module: HloModule, graph: DataflowGraph,
-                     params: EntryParameters) -> BatchAnalysis:
-    """The batch dim of each value of the propagated ``module``: dim 0 of the data inputs, followed."""
-    return analyze_data_batch(ctx.semantics.view, module, graph, params.data)
 
 
 def torch_batch_lever(ctx: RuleContext, finding: Finding, spec: Sequence, batch_axes: tuple[str, ...]) -> Finding:

@@ -29,6 +29,7 @@ from hlo_doctor.program.suggest import argument_name
 from hlo_doctor.program.terms import mesh_axes_in
 from hlo_doctor.rules.base import SourceRef
 from hlo_doctor.semantics import ModuleSemantics
+from hlo_doctor.semantics.batch_dims import BatchAnalysis, analyze_data_batch
 from hlo_doctor.semantics.cost import module_flops
 
 if TYPE_CHECKING:
@@ -401,6 +402,15 @@ class RuleContext:
         for every rule that reads it."""
         module = self.sharded
         return build_graph(module) if module is not None else None
+
+    @cached_property
+    def propagated_batch(self) -> BatchAnalysis | None:
+        """The batch dim of each value of :attr:`sharded`: dim 0 of the data inputs, followed through the
+        propagated module; computed once for every rule that reads it."""
+        module, graph, params = self.sharded, self.sharded_graph, self.semantics.parameters
+        if module is None or graph is None or params is None:
+            return None
+        return analyze_data_batch(self.semantics.view, module, graph, params.data)
 
     @cached_property
     def dot_flops(self) -> float:

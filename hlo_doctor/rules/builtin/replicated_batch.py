@@ -22,7 +22,7 @@ from hlo_doctor.rules._batch import (
 )
 from hlo_doctor.rules._batch_lever import at_batch_lever
 from hlo_doctor.rules._lost_rows import asked_or_judged, partitioner_regroup, rows_repeated
-from hlo_doctor.rules._regroup import propagated_batch, regrouped_batch
+from hlo_doctor.rules._regroup import regrouped_batch
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
 from hlo_doctor.semantics import ACTIVATION_ROLES
@@ -260,9 +260,10 @@ class ReplicatedBatch(Rule):
         regrouped = [a for a in axes if a.name in regroup_axes
                      and a.flops >= self.options.min_regrouped_fraction * activation_flops]
         if regrouped:
+            batch = ctx.propagated_batch  # computed once, for this rule and any other that reads it
+            assert batch is not None  # the module, its graph and the parameters are there
             found = regrouped_batch(self, ctx, module, graph, params, mesh, batch_axes,
-                                    max(regrouped, key=lambda a: a.flops), activation_flops,
-                                    propagated_batch(ctx, module, graph, params))
+                                    max(regrouped, key=lambda a: a.flops), activation_flops, batch)
             if found is not None:
                 yield found
                 return
@@ -273,7 +274,8 @@ class ReplicatedBatch(Rule):
         repeated = rows_repeated(ctx, params)
         if not repeated.dots or repeated.repeated_flops < self.options.min_redundant_fraction * repeated.device_flops:
             return
-        batch = propagated_batch(ctx, module, graph, params)
+        batch = ctx.propagated_batch
+        assert batch is not None
         if not regrouped:
             # Propagation may split again what a constraint regrouped: the partitioned module's
             # matmuls then still gather the rows (a weight gradient over the whole batch).

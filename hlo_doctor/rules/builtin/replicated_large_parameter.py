@@ -20,11 +20,10 @@ from hlo_doctor.program.source import recorded_parameter_path
 from hlo_doctor.program.suggest import argument_name, parameter_code, python_identifier
 from hlo_doctor.rules._batch import buffer_donors
 from hlo_doctor.rules._memory import parameter_classes
-from hlo_doctor.rules._program_layouts import axes_per_dim, program_constraints
+from hlo_doctor.rules._program_layouts import constraint_layouts
 from hlo_doctor.rules._weight_dim import weight_shard_dim
 from hlo_doctor.rules.base import Finding, Rule, RuleSkipped, Severity, Suggestion
 from hlo_doctor.rules.context import RuleContext
-from hlo_doctor.semantics.batch_dims import analyze_data_batch
 from hlo_doctor.units import format_bytes
 
 _LARGE = 1024 * 1024  # bytes: a parameter this big is judged whatever the model
@@ -160,9 +159,9 @@ class ReplicatedLargeParameter(Rule):
             state = {n for n, c in parameter_classes(ctx).items() if c == "optimizer_state"}
             sharded = [(param, tiles) for param, tiles in sharded if param.parameter_number not in state]
         if replicated and sharded:
-            feature_split = _feature_split_axes(ctx)
+            feature_split, gathered = _feature_split_axes(ctx), _gathered_weights(ctx)
             sharded = [(param, tiles) for param, tiles in sharded
-                       if not _split_like_the_batch(ctx, param, feature_split)]
+                       if not _split_like_the_batch(ctx, param, feature_split, gathered)]
         if not replicated or not sharded:
             return
         shard_count, axes = _weight_axes(ctx, sharded)
@@ -248,41 +247,43 @@ def _dim_from_uses(ctx: RuleContext, param: Instruction, shape, axes, shard_coun
 def _feature_split_axes(ctx: RuleContext) -> set[str]:
     """The mesh axes that the program's own sharding constraints put on a dim other than the batch's
     of a value that carries the batch (a hidden activation split over the data axes)."""
-    module, graph, mesh, params = ctx.sharded, ctx.sharded_graph, ctx.mesh, ctx.semantics.parameters
-    if module is None or graph is None or mesh is None or params is None or not params.data:
+    module, analysis, mesh = ctx.sharded, ctx.propagated_batch, ctx.mesh
+    if module is None or analysis is None or mesh is None:
         return set()
-    analysis = analyze_data_batch(ctx.semantics.view, module, graph, params.data)
-    found: set[str] = set()
-    for computation, constraint in program_constraints(module, analysis):
-        layout = axes_per_dim(constraint, mesh)
-        batch_dims = analysis.batch_dims((computation.name, constraint.name))
-        for dim, axes in enumerate(layout or ()):
-            if dim not in batch_dims:
-                found |= axes
-    return found
+    return {axis for layout, batch_dims in constraint_layouts(module, analysis, mesh)
+            for dim, axes in enumerate(layout) if dim not in batch_dims for axis in axes}
 
 
-def _split_like_the_batch(ctx: RuleContext, param: Instruction, feature_split: set[str]) -> bool:
+def _gathered_weights(ctx: RuleContext) -> set[int] | None:
+    """The entry parameters some weight-gather collective gathers (FSDP gathers its weights); None
+    without the per-device graph."""
+    graph = ctx.semantics.view.graph
+    if graph is None:
+        return None
+    return {number for role in ctx.semantics.roles if role.role == "weight-gather"
+            for number in graph.entry_parameters(role.facts.key)}
+
+
+def _split_like_the_batch(ctx: RuleContext, param: Instruction, feature_split: set[str],
+                          gathered: set[int] | None) -> bool:
     """Whether a sharded weight is no placement to compare with: it is split only over axes that split
     the batch and that a constraint of the program puts on an activation's features
-    (``feature_split``), and no collective gathers it (FSDP gathers its weights before their matmuls),
-    so its matmuls run split over the batch's axes: the weight took that activation's feature split
-    (non-batch-dim-sharding's finding), in this step's propagation or an earlier one's."""
-    mesh, sharding, graph = ctx.mesh, param.sharding, ctx.semantics.view.graph
+    (``feature_split``), and no collective gathers it (``gathered``: FSDP gathers its weights before
+    their matmuls), so its matmuls run split over the batch's axes: the weight took that activation's
+    feature split (non-batch-dim-sharding's finding), in this step's propagation or an earlier one's."""
+    mesh, sharding = ctx.mesh, param.sharding
     batch = set(ctx.semantics.batch_split_axes)
     shapes = ctx.global_parameter_shapes
     number = param.parameter_number
-    if mesh is None or sharding is None or graph is None or not batch or shapes is None or number is None:
+    if mesh is None or sharding is None or gathered is None or not batch or shapes is None or number is None \
+            or number in gathered:
         return False
     try:
         per_dim = dim_axes(sharding, shapes[number].rank, mesh)
     except (ValueError, KeyError):
         return False
     axes = {a.split(":(")[0] for dims in per_dim or () for a in dims}
-    if not axes or not axes <= batch or not axes & feature_split:
-        return False
-    return not any(role.role == "weight-gather" and number in graph.entry_parameters(role.facts.key)
-                   for role in ctx.semantics.roles)
+    return bool(axes) and axes <= batch and bool(axes & feature_split)
 
 
 def _weight_axes(ctx: RuleContext, sharded) -> tuple[int, tuple[str, ...] | None]:

@@ -174,6 +174,15 @@ class ReshardChurn(Rule):
         executions = ctx.executions
         chain, lines, twins = group.chain, group.lines, group.twins
         first = chain[0][0]
+        remat = len(chain) == 1 and first.slice is not None
+        if remat and not (twins or group.later):
+            # one reshard between two layouts, not churn: the layout that needs it is the finding (its
+            # bytes past an all-to-all's are the waste, not all of them), and XLA's own choice otherwise
+            return None
+        if not group.in_turn and constraint_before(group.kept) is None and _on_repeated_rows(ctx, first):
+            # the partitioner's own flips of a value that holds more rows of the batch than the input's
+            # shard: a symptom of the lost batch (the finding that names where it is lost), not churn
+            return None
         ops = [s.op for s, _ in chain]
         own = {op.instruction for op in ops}
         caused_ops = list({s.op.instruction: s.op for other in (*twins, *group.later) for s, _ in other
@@ -186,15 +195,6 @@ class ReshardChurn(Rule):
         reshard_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in ops + caused_ops)
         gather_bytes = sum(o.wire_bytes_per_device * executions.get(o.computation, 1) for o in extra)
         if reshard_bytes + gather_bytes < self.options.min_bytes:
-            return None
-        remat = len(chain) == 1 and first.slice is not None
-        if remat and not (twins or group.later):
-            # one reshard between two layouts, not churn: the layout that needs it is the finding (its
-            # bytes past an all-to-all's are the waste, not all of them), and XLA's own choice otherwise
-            return None
-        if not group.in_turn and constraint_before(group.kept) is None and _on_repeated_rows(ctx, first):
-            # the partitioner's own flips of a value that holds more rows of the batch than the input's
-            # shard: a symptom of the lost batch (the finding that names where it is lost), not churn
             return None
         if remat:
             message = (
