@@ -43,7 +43,15 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corpusgen.hlo_walk import parse_module
-from corpusgen.oracle import NATURAL, label_collectives, natural_rules
+from corpusgen.oracle import (
+    MATMUL_REPEAT_FLOOR,
+    NATURAL,
+    label_collectives,
+    matmul_redundancy,
+    natural_rules,
+    reorder_rules,
+    stray_traffic,
+)
 from corpusgen.programs import PATHOLOGIES, ProgramSpec, build, device_layout, ffn_size, random_spec
 from hlo_doctor.runner.targets import parse_target, target_devices
 from hlo_doctor.runner.trim import trim_dump
@@ -172,19 +180,18 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-_ACTIVATION_TRAFFIC = ("activation-gather", "activation-reduce", "reshard")
-
-
 def batch_axis_traffic(spec: ProgramSpec, collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Activation collectives over any axis but the tensor axis: traffic the layout did not ask for."""
-    tensor = {a.name for a in spec.axes if a.role == "tensor"}
-    return [c for c in collectives if c["role"] in _ACTIVATION_TRAFFIC and not set(c["axes"]) <= tensor]
+    return stray_traffic({a.name for a in spec.axes if a.role == "tensor"}, collectives)
 
 
-def judge_clean(spec: ProgramSpec, result: dict[str, Any], collectives: list[dict[str, Any]]) -> tuple[str | None, str]:
-    """A program drawn clean: None when it is, else the natural pathology XLA gave it, with the evidence."""
+
+def judge_clean(spec: ProgramSpec, result: dict[str, Any], collectives: list[dict[str, Any]],
+                matmuls: float | None = None) -> tuple[str | None, str]:
+    """A program drawn clean: None when it is, else the natural pathology XLA gave it, with the evidence
+    (``matmuls``: :func:`~corpusgen.oracle.matmul_redundancy`, when the FLOPs are XLA's cost analysis')."""
     ratio = result["redundancy"]
-    if ratio > CLEAN_MAX_RATIO:
+    if ratio > CLEAN_MAX_RATIO and (matmuls is None or matmuls >= MATMUL_REPEAT_FLOOR):
         return "natural-redundant-compute", f"{ratio:.2f}x the unsharded FLOPs per device share"
     stray = batch_axis_traffic(spec, collectives)
     if stray:
@@ -255,6 +262,7 @@ def _write(folder: Path, spec: ProgramSpec, result: dict[str, Any], collectives:
         shards *= axis.size
     if pathology == "conflicting-constraints" and any(size % shards for size in (spec.seq, spec.hidden)):
         allowed.append("uneven-sharding-padding")
+    allowed += [r for r in reorder_rules(collectives) if r not in allowed and r not in expected]
     truth = {
         "schema_version": TRUTH_SCHEMA,
         "framework": getattr(spec, "framework", "jax"),
@@ -322,7 +330,7 @@ def draw_pair(index: int, base_seed: int, out_dir: Path, forced: str | None, *, 
             rejected.append(f"seed {seed} (clean draw): {type(error).__name__}: {str(error)[:300]}")
             _remove(folder)
             continue
-        natural, evidence = judge_clean(clean, result, collectives)
+        natural, evidence = judge_clean(clean, result, collectives, matmul_redundancy(folder / "dump", clean.devices))
         named = folder.with_name(f"{folder.name}-{natural or 'clean'}")
         _remove(named)
         folder.rename(named)

@@ -36,6 +36,8 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from corpusgen.hlo_walk import Instr, Module
 
@@ -71,6 +73,62 @@ NATURAL = {
 }
 
 
+_ACTIVATION_TRAFFIC = ("activation-gather", "activation-reduce", "reshard")
+# A table lookup and its gradient's scatter-add (torch_xla's ops; JAX's primitives). XLA's partitioner picks
+# how to partition a gather or scatter by its own memory and communication cost model (gather_scatter_handler:
+# GatherPartitionMethodsOrderedByCost): the masked lookup of a vocab-split table all-reduced over the split
+# axes, the table's feature split all-to-all-ed to the rows. That traffic is the lookup's, for the table's
+# layout, not a layout the activations were not asked to have. A collective-permute inside it is not: it
+# reorders rows between two device orders of the batch's axes (the program's own mark against its
+# constraints, or an order in which the gathered axis is not minor), which another order avoids.
+_LOOKUP_OPS = frozenset({"aten__index_select", "aten__index_put", "aten__embedding", "aten__embedding_dense_backward",
+                         "gather", "scatter-add", "scatter_add"})
+
+
+def stray_traffic(tensor_axes: set[str], collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Activation collectives over any axis but the tensor axes (by name): traffic the layout did not ask
+    for. A reshard of a weight or of its gradient (a weight's shard permuted into another device order
+    before its gather, the gradient permuted back to the weight's) moves no activation, and a table
+    lookup's gathers, reductions and all-to-alls are the partitioner's strategy for the table's layout
+    (``_LOOKUP_OPS``): neither is counted."""
+    return [c for c in collectives if c["role"] in _ACTIVATION_TRAFFIC and not set(c["axes"]) <= tensor_axes
+            and c.get("moves") not in ("weight", "gradient")
+            and (c.get("op") not in _LOOKUP_OPS or c["kind"] == "collective-permute")]
+
+
+# Natural redundant compute is repeated work on the batch: it shows in the matmuls. The JAX generator reads
+# the FLOPs from XLA's cost analysis (every op, the unsharded lowering against the compiled partitioned
+# module); when the partitioned module's matmuls do not repeat (their FLOPs per device times the devices are
+# within this factor of the program's), the excess is elsewhere: the optimizer update, which plain data
+# parallelism repeats on the devices of its axes by design (seed 2026 0378a: 75.5 M elementwise values per
+# device, as many as the whole program's). The torch_xla generator measures the matmuls alone.
+MATMUL_REPEAT_FLOOR = 1.1
+
+
+def matmul_redundancy(dump: Path, devices: int) -> float | None:
+    """Per-device matmul FLOPs of the partitioned module times ``devices``, over the program's (the module
+    before partitioning); loop bodies count once in both. None when either module is missing."""
+    from corpusgen.hlo_walk import parse_module
+    from corpusgen.torch_oracle import dot_flops
+
+    partitioned = sorted(dump.glob("*after_spmd-partitioning*.txt")) or sorted(
+        dump.glob("*after_tpu-spmd-partitioning*.txt"))
+    program = sorted(dump.glob("*before_spmd-partitioning*.txt")) or sorted(
+        dump.glob("*before_sharding-propagation*.txt"))
+    if not partitioned or not program:
+        return None
+    total = dot_flops(parse_module(program[0].read_text()))
+    return dot_flops(parse_module(partitioned[0].read_text())) * devices / total if total else None
+
+
+def reorder_rules(collectives: list[dict[str, Any]]) -> list[str]:
+    """Rules a program may report besides its pathology: a collective-permute inside a table lookup
+    reorders the batch's rows between two orders of its axes (the order the program writes them in is
+    not the one the lookup's gather needs), a cause of its own that reshard-churn names."""
+    return ["reshard-churn"] if any(c["kind"] == "collective-permute" and c.get("op") in _LOOKUP_OPS
+                                    for c in collectives) else []
+
+
 def natural_rules(pathology: str, axis_roles: dict[str, str], collectives: list[dict]) -> list[str]:
     """The rules of which one must name a natural ``pathology``'s root cause. Redundant compute whose
     labelled collectives include an activation all-gathered over an axis that is not a tensor axis
@@ -94,11 +152,19 @@ class LabelledCollective:
     why: str
     axes: tuple[str, ...] = ()
     crosses_hosts: bool | None = None
+    moves: str | None = None
+    """What the operand is: ``activation`` (derived from the data), ``gradient`` (derived from the data,
+    reaching an update elementwise) or ``weight`` (from the weights only); None: a truth written before
+    it was recorded."""
+    op: str | None = None
+    """The op the collective's metadata names (the last piece of its ``op_name``: ``aten__index_select``,
+    ``gather``), where the partitioner made it."""
 
     def as_json(self) -> dict:
         return {"instruction": self.instruction, "computation": self.computation, "kind": self.kind,
                 "role": self.role, "phase": self.phase, "why": self.why, "axes": list(self.axes),
-                "crosses_hosts": self.crosses_hosts}
+                "crosses_hosts": self.crosses_hosts, "moves": self.moves,
+                "op": self.op}
 
 
 def phase_of(op_name: str, optimizer_scope: str = "optimizer") -> str:
@@ -296,7 +362,13 @@ class _Labeller:
         if self.device_ids is not None and self.devices_per_host:
             ids, per_host = self.device_ids, self.devices_per_host
             crosses = any(len({ids[p] // per_host for p in g if p < len(ids)}) > 1 for g in groups)
-        return LabelledCollective(instr.name, instr.computation, kind, role, phase, why, axes, crosses)
+        return LabelledCollective(instr.name, instr.computation, kind, role, phase, why, axes, crosses,
+                                  self._moves(instr, phase), instr.op_name.rsplit("/", 1)[-1] or None)
+
+    def _moves(self, instr: Instr, phase: str) -> str:
+        if not self.derived(instr) & self.data_mask:
+            return "weight"
+        return "gradient" if phase != "forward" and self.is_gradient(instr) else "activation"
 
     def _role(self, instr: Instr, kind: str, phase: str) -> tuple[str, str]:
         operand = self.module.by_name.get((instr.computation, instr.operands[0])) if instr.operands else None

@@ -40,7 +40,14 @@ else:  # pragma: no cover - Python 3.10
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpusgen.oracle import NATURAL, natural_rules  # noqa: E402 - after the path above
+from corpusgen.oracle import (  # noqa: E402 - after the path above
+    MATMUL_REPEAT_FLOOR,
+    NATURAL,
+    matmul_redundancy,
+    natural_rules,
+    reorder_rules,
+    stray_traffic,
+)
 
 KNOWN = Path(__file__).with_name("known_disagreements.toml")
 WARNING_SEVERITIES = frozenset({"warning", "error"})
@@ -146,8 +153,18 @@ def score_program(folder: Path) -> ProgramScore:
                                               f"{collective['phase']}; oracle: {collective['why']}"))
     expected_rules = list(truth["expected_rules"])
     expected_any = list(truth.get("expected_any", []))
-    if truth["pathology"] in NATURAL:  # the oracle's current rules for it (the truth may be older)
-        expected_any = natural_rules(truth["pathology"], truth.get("axis_roles", {}), truth["collectives"])
+    pathology = truth["pathology"]
+    tensor_axes = {name for name, role in truth.get("axis_roles", {}).items() if role == "tensor"}
+    # the oracle's current judgement (the truth may be older): redundant compute the matmuls do not show
+    # is none; batch traffic that is only a weight's or a lookup's is none
+    if pathology == "natural-redundant-compute" and truth.get("framework", "jax") == "jax":
+        matmuls = matmul_redundancy(dump, truth["spec"]["devices"])
+        if matmuls is not None and matmuls < MATMUL_REPEAT_FLOOR:
+            pathology = "natural-batch-traffic"
+    if pathology == "natural-batch-traffic" and not stray_traffic(tensor_axes, truth["collectives"]):
+        pathology, expected_any = None, []
+    if pathology in NATURAL:  # the oracle's current rules for it (the truth may be older)
+        expected_any = natural_rules(pathology, truth.get("axis_roles", {}), truth["collectives"])
     for rule in expected_rules:
         if rule not in found:
             disagreements.append(Disagreement(name, "missing-rule", rule, rule, ",".join(found) or "nothing",
@@ -155,12 +172,12 @@ def score_program(folder: Path) -> ProgramScore:
     if expected_any and not set(expected_any) & set(found):
         disagreements.append(Disagreement(name, "missing-rule", "|".join(expected_any), "one of them",
                                           ",".join(found) or "nothing", truth.get("effect", "")))
-    allowed = set(truth.get("allowed_rules", []))
+    allowed = set(truth.get("allowed_rules", [])) | set(reorder_rules(truth["collectives"]))
     for rule in found:
         if rule not in expected_rules and rule not in expected_any and rule not in allowed:
             detail = next((f.message[:160] for f in report.findings if f.rule == rule), "")
             disagreements.append(Disagreement(name, "unexpected-rule", rule, "nothing", rule, detail))
-    return ProgramScore(name, truth["pathology"], expected_rules, expected_any, found, len(truth["collectives"]), agreed,
+    return ProgramScore(name, pathology, expected_rules, expected_any, found, len(truth["collectives"]), agreed,
                         by_role, agreed_by_role, disagreements)
 
 

@@ -56,7 +56,8 @@ OLD_JAX_EXTRA = {"0.4.35": ("shardy", (SEED,))}
 # Every bad/fixed rule pair under both JAX partitioners; the healthy models under Shardy.
 GSPMD_TOO = {SEED, "replicated-batch", "replicated-batch-regrouped", "cross-host-tp", "transposed-mesh",
              "non-batch-dim-sharding", "replicated-large-param", "reshard-churn", "uneven-padding", "scan-lost-batch",
-             "constraint-chain", "embedding-lost-batch"}
+             "constraint-chain", "embedding-lost-batch", "input-device-order",
+             "scan-carry-features"}
 
 
 def cases() -> list[tuple[str, str, str | None, str]]:

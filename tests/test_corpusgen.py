@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from corpusgen.hlo_walk import parse_module
-from corpusgen.oracle import axes_of, groups_of, label_collectives, natural_rules
+from corpusgen.oracle import (
+    axes_of,
+    groups_of,
+    label_collectives,
+    matmul_redundancy,
+    natural_rules,
+    reorder_rules,
+    stray_traffic,
+)
 from corpusgen.programs import PATHOLOGIES, device_layout, random_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +111,45 @@ def test_natural_redundant_compute_names_an_activation_gathered_instead_of_a_wei
     # batch traffic already names it: nothing is added twice
     traffic = natural_rules("natural-batch-traffic", roles, over_fsdp)
     assert traffic.count("activation-all-gather") == 1
+
+
+def test_stray_traffic_is_what_moves_activations_outside_a_lookup():
+    """Hand-written labels: the activation collectives over a non-tensor axis are stray traffic, except a
+    reshard of a weight or of its gradient, and a table lookup's own gathers and reductions; a lookup's
+    permute reorders the batch's rows and counts (and reshard-churn may name it)."""
+    def label(role, kind, moves="activation", op="dot_general", axes=("fsdp",)):
+        return {"role": role, "kind": kind, "moves": moves, "op": op, "axes": list(axes)}
+
+    counted = [label("reshard", "collective-permute"), label("activation-reduce", "all-reduce"),
+               label("reshard", "collective-permute", op="aten__index_select")]
+    ignored = [label("reshard", "collective-permute", moves="weight"),
+               label("reshard", "collective-permute", moves="gradient"),
+               label("activation-reduce", "all-reduce", op="aten__index_select"),
+               label("activation-gather", "all-gather", op="scatter-add"),
+               label("activation-reduce", "all-reduce", axes=("model",))]
+    assert stray_traffic({"model"}, counted + ignored) == counted
+    assert stray_traffic({"model"}, [{"role": "reshard", "kind": "all-to-all", "axes": ["fsdp"]}])  # an older truth
+    assert reorder_rules(counted) == ["reshard-churn"]
+    assert reorder_rules(counted[:2] + ignored) == []
+
+
+# Hand-written: one dot, before partitioning f32[8,16] x f32[16,4]; partitioned on 4 devices.
+_PROGRAM = """ENTRY %m (x: f32[8,16], w: f32[16,4]) -> f32[8,4] {
+  %x = f32[8,16]{1,0} parameter(0)
+  %w = f32[16,4]{1,0} parameter(1)
+  ROOT %d = f32[8,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+@pytest.mark.parametrize(("rows", "expected"), [(2, 1.0), (4, 2.0), (8, 4.0)])
+def test_matmul_redundancy_is_the_repeated_share_of_the_matmuls(tmp_path, rows, expected):
+    (tmp_path / "m.0001.after_sharding-propagation.before_spmd-partitioning.txt").write_text(_PROGRAM)
+    (tmp_path / "m.0002.after_spmd-partitioning.txt").write_text(
+        _PROGRAM.replace("f32[8,16]", f"f32[{rows},16]").replace("f32[8,4]", f"f32[{rows},4]"))
+    assert matmul_redundancy(tmp_path, 4) == expected
+    (tmp_path / "m.0002.after_spmd-partitioning.txt").unlink()
+    assert matmul_redundancy(tmp_path, 4) is None
 
 
 def test_groups_in_every_form_and_the_axes_they_span():

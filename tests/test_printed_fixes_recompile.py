@@ -77,6 +77,13 @@ CASES = [
     # constraints in turn: the printed layout written on each line that moved the value on
     Case("constraint-chain", "jax", "constraint-chain/jax-gspmd-bad", "gspmd"),
     Case("constraint-chain", "torch_xla", "constraint-chain/torch_xla-bad", verbatim=False, value="('data', None, None)"),
+    # the batch lost in part at a loop's carry: the printed constraint, first in the loop body
+    Case("scan-carry-features", "jax", "scan-carry-features/jax-shardy-bad", "shardy"),
+    # the same split in another device order: the input's mark respecced (JAX: its spec literal, which the
+    # printed device_put names the value of)
+    Case("input-device-order", "jax", "input-device-order/jax-gspmd-bad", "gspmd", verbatim=False,
+         value="('data', 'fsdp')"),
+    Case("input-device-order", "torch_xla", "input-device-order/torch_xla-bad"),
     # advice that is not code: the patch writes the value the fix names
     Case("uneven-padding", "jax", "uneven-padding/jax-gspmd-bad", "gspmd", verbatim=False, value="50304"),
     Case("replicated-batch", "jax", "replicated-batch/jax-gspmd-bad", "gspmd", verbatim=False,

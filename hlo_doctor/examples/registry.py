@@ -184,6 +184,21 @@ EXAMPLES: tuple[Example, ...] = (
         "the batch from 'fsdp' (fixed: the lookup's result constrained to the tokens' batch sharding)",
         PAIR, devices=8, devices_per_host=4, scripts=_jax("embedding_lost_batch"),
     ),
+    Example(
+        "scan-carry-features",
+        "FSDP eval step under lax.scan on ('replica', 'dp'): the carry takes the weights' d_model split over 'dp' "
+        "and keeps the batch over 'replica' only, so the body all-reduces partial sums over 'dp' (fixed: the body "
+        "constrains the carry to the tokens' batch sharding)",
+        PAIR, devices=8, devices_per_host=4, scripts=_jax("scan_carry_features"),
+    ),
+    Example(
+        "input-device-order",
+        "FSDP step on ('data', 'fsdp') whose input lists the batch axes as ('fsdp', 'data') while the layers' "
+        "outputs (FSDPv2's shard_output with extra_data_axis; JAX's constraints) list ('data', 'fsdp'): the "
+        "partitioner permutes the input into their device order (fixed: the input written in that order)",
+        PAIR, devices=8, devices_per_host=4,
+        scripts={"jax": "input_device_order.py", "torch_xla": "input_device_order_torch_xla.py"},
+    ),
     # --- memory per device (`hlo-doctor memory`) ---
     Example(
         "device-memory",

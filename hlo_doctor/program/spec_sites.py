@@ -131,6 +131,13 @@ def parameter_spec_site(path: str | None, name: str, old_spec: Spec, function: s
     return _unique_of(tree, candidates, old_spec, path)
 
 
+def argument_line(path: str | None, name: str) -> int | None:
+    """The line of the program's one ``name = jax.ShapeDtypeStruct(...)`` / ``jax.device_put(...)``."""
+    tree = parsed_program(path)
+    made = _argument_constructions(tree, name) if tree is not None else []
+    return made[0].lineno if len(made) == 1 else None
+
+
 def _argument_constructions(tree: ast.Module, name: str) -> list[ast.Assign]:
     """Every ``name = jax.ShapeDtypeStruct(...)`` / ``name = jax.device_put(...)`` of the program."""
     return [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1

@@ -128,6 +128,23 @@ def called_on(path: str | None, line: int | None) -> str | None:
     return None
 
 
+def scan_carry(path: str | None, line: int | None) -> tuple[str, str, int] | None:
+    """For a ``lax.scan(body, init, ...)`` call on ``path``:``line`` whose body is a function the
+    program defines (once): (that function's name, its carry parameter, the line of its ``def``)."""
+    tree = parsed_program(path) if line else None
+    if tree is None or line is None:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and call_name(n) == "scan"
+             and n.lineno <= line <= (n.end_lineno or n.lineno) and n.args and isinstance(n.args[0], ast.Name)]
+    if len(calls) != 1:
+        return None
+    body = calls[0].args[0].id  # type: ignore[attr-defined]
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == body]
+    if len(defs) != 1 or not (defs[0].args.posonlyargs + defs[0].args.args):
+        return None
+    return body, (defs[0].args.posonlyargs + defs[0].args.args)[0].arg, defs[0].lineno
+
+
 def assigned_name(path: str | None, line: int | None) -> str | None:
     """The variable the statement on ``path``:``line`` assigns (``h`` of ``h = x @ w1.T + b1``), or None."""
     tree = parsed_program(path) if line else None

@@ -194,17 +194,44 @@ def lookup_losing_batch(analysis: BatchAnalysis, computation: str, lookup: Instr
     key = (computation, lookup.name)
     if not analysis.batch_dims(key) or analysis.batch_dims((computation, lookup.operands[0])):
         return None  # no batch in it, or the table itself derives from the batch
-    out = axes_per_dim(lookup, mesh)
-    indices = analysis.graph.instruction((computation, lookup.operands[1]))
-    given = axes_per_dim(indices, mesh) if not indices.shape.is_tuple else None
+    return _dropping(analysis, computation, lookup, analysis.graph.instruction((computation, lookup.operands[1])),
+                     mesh)
+
+
+def carry_losing_batch(analysis: BatchAnalysis, computation: Computation, carry: Instruction, mesh: Mesh
+                       ) -> tuple[int, int, list[int], Instruction, int, frozenset[str]] | None:
+    """A loop's carry (a ``get-tuple-element`` of a ``while``) that loses the batch from some axes: it
+    splits a batch dim over fewer axes than its initial value (that element of the loop's input tuple)
+    brings it in on, and another dim over the axes it dropped (propagation took the carry's layout from
+    the loop body: the weights' sharding). Returns as :func:`lookup_losing_batch`, with the initial value."""
+    if carry.opcode != "get-tuple-element" or carry.shape.is_tuple or not carry.operands:
+        return None
+    loop = computation.get(carry.operands[0])
+    start = computation.get(loop.operands[0]) if loop is not None and loop.opcode == "while" and loop.operands else None
+    index = carry.attribute("index")
+    if start is None or start.opcode != "tuple" or index is None or not index.isdigit() \
+            or int(index) >= len(start.operands):
+        return None
+    initial = computation.get(start.operands[int(index)])
+    if initial is None or initial.shape.is_tuple:
+        return None
+    return _dropping(analysis, computation.name, carry, initial, mesh)
+
+
+def _dropping(analysis: BatchAnalysis, computation: str, value: Instruction, source: Instruction, mesh: Mesh
+              ) -> tuple[int, int, list[int], Instruction, int, frozenset[str]] | None:
+    """Where ``value`` splits a batch dim of ``source`` over fewer axes than ``source`` does, and another
+    dim over the axes it dropped."""
+    out = axes_per_dim(value, mesh)
+    given = axes_per_dim(source, mesh) if not source.shape.is_tuple else None
     if out is None or given is None:
         return None
-    for dim, param in analysis.batch_dims(key).items():
-        for in_dim, in_param in analysis.batch_dims((computation, indices.name)).items():
+    for dim, param in analysis.batch_dims((computation, value.name)).items():
+        for in_dim, in_param in analysis.batch_dims((computation, source.name)).items():
             if in_param != param or dim >= len(out) or in_dim >= len(given):
                 continue
             dropped = given[in_dim] - out[dim]
             split = [d for d, axes in enumerate(out) if d != dim and axes & dropped]
             if dropped and split:
-                return dim, param, split, indices, in_dim, frozenset(dropped)
+                return dim, param, split, source, in_dim, frozenset(dropped)
     return None

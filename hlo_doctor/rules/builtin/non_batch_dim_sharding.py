@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -38,9 +37,10 @@ from hlo_doctor.rules._batch import (
     parameter_name,
     with_torch_source,
 )
+from hlo_doctor.rules._lost_at_boundary import boundary_finding
 from hlo_doctor.rules._program_layouts import (
-    axes_per_dim,
     batch_move,
+    carry_losing_batch,
     dot_losing_batch,
     lookup_losing_batch,
     program_constraints,
@@ -103,7 +103,13 @@ class NonBatchDimSharding(Rule):
     contract the split features as partial sums, with no weight gathered.
     The lookup is reported (after the matmuls, so a fix they share keeps a
     matmul's finding), its fix a constraint on its result with the
-    indices' batch sharding.
+    indices' batch sharding. A loop's carry loses it the same way: a
+    ``while`` (``lax.scan``) whose carry splits the batch dim over fewer axes
+    than the carry's initial value, and the features over the dropped axes
+    (propagation took the carry's layout from the body's weights); its fix
+    is a constraint on the carry first in the scanned function, named by
+    that function's parameter (``<carry>`` where the program's source is
+    not at hand: the loop's line names only its output).
 
     A move of the batch's axes that the program asks for is not the
     partitioner's: when a constraint of the program leaves the batch dim
@@ -343,77 +349,21 @@ class NonBatchDimSharding(Rule):
         return with_lever(finding, lever, ctx.framework)
 
     def _lookups(self, ctx: RuleContext, analysis: BatchAnalysis, module: HloModule) -> Iterator[Finding]:
-        """Embedding lookups that lose the batch from some axes (see the docstring): one finding each."""
+        """Embedding lookups and loop carries that lose the batch from some axes (see the docstring): one
+        finding each."""
         mesh = ctx.mesh
         assert mesh is not None
         for computation in module.computations:
-            for lookup in computation.instructions:
-                if lookup.opcode != "gather" or lookup.shape.is_tuple or \
-                        lookup.shape.byte_size < self.options.min_bytes:
+            for value in computation.instructions:
+                if value.opcode not in ("gather", "get-tuple-element") or value.shape.is_tuple or \
+                        value.shape.byte_size < self.options.min_bytes:
                     continue
-                found = lookup_losing_batch(analysis, computation.name, lookup, mesh)
+                if value.opcode == "gather":
+                    found, kind = lookup_losing_batch(analysis, computation.name, value, mesh), "lookup"
+                else:
+                    found, kind = carry_losing_batch(analysis, computation, value, mesh), "carry"
                 if found is not None:
-                    yield self._lookup_finding(ctx, analysis, computation.name, lookup, found)
-
-    def _lookup_finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, lookup: Instruction,
-                        found: tuple[int, int, list[int], Instruction, int, frozenset[str]]) -> Finding:
-        batch_dim, param, split, indices, in_dim, dropped = found
-        mesh = ctx.mesh
-        assert mesh is not None
-        out = axes_per_dim(lookup, mesh) or ()
-        kept = tuple(a for a in mesh.axis_names if a in out[batch_dim])
-        lost = tuple(a for a in mesh.axis_names if a in dropped)
-        factor = math.prod(mesh.axis_size(a) for a in lost)
-        axes = batch_axes(ctx, analysis, param)
-        input_name = parameter_name(ctx, analysis.inputs[param])
-        table = analysis.graph.instruction((computation, lookup.operands[0]))
-        table_name = parameter_name(ctx, table, with_shape=False) if table.opcode == "parameter" else table.name
-        where = ", ".join(f"dim {d} ({lookup.shape.dims[d]}) over {axes_text(sorted(out[d]))}" for d in split)
-        # what the partitioner moves over the dropped axes to compute on those rows (per-device names)
-        traffic = [r for r in ctx.semantics.roles if r.role in ("activation-reduce", "activation-gather", "reshard")
-                   and {a.split(":(")[0] for a in r.facts.op.mesh_axes or ()} & dropped]
-        message = (
-            f"the embedding lookup {lookup.name} ({lookup.shape}) splits its batch dim {batch_dim} over "
-            + (f"{axes_text(kept)} only" if kept else "no mesh axis") +
-            f" and {where}, although its indices {indices.name} bring the batch in split over "
-            f"{axes_text(axes)} (dim {in_dim}, from the batch input {input_name}): propagation followed the "
-            f"table {table_name}'s sharding, so from this lookup on each device holds {factor}x its share of the "
-            f"rows, with the features split over {axes_text(lost)} instead"
-            + (f"; {len(traffic)} activation collectives over {axes_text(lost)} follow "
-               f"(e.g. {traffic[0].facts.instruction})" if traffic else "")
-        )
-        spec: list = [None] * lookup.shape.rank
-        spec[batch_dim] = axes or (f"<axes of {input_name}'s batch>",)
-        jax_code, torch_code = constraint_code(spec, "h")
-        summary = (
-            f"Constrain the lookup's result (the activation h) to stay batch-sharded over {axes_text(axes)} on "
-            f"dim {batch_dim}, as its indices are: each device then computes on its own rows, and the partitioner "
-            f"gathers the weights' features over {axes_text(lost)} instead (FSDP's weight all-gathers, about the "
-            "weights' bytes per step) of moving activations."
-        )
-        finding = self.finding(
-            ctx, message, instruction=lookup,
-            name=ctx.partitioned_names([(computation, lookup.name)]).get((computation, lookup.name)),
-            related=(*(r.facts.instruction for r in traffic), indices.name),
-            suggestion=Suggestion(summary=summary, jax=jax_code, torch_xla=torch_code,
-                                  edits=constraint_edit(spec, ctx.framework, "h")),
-            evidence={
-                "pattern": "lookup",
-                "shape": str(lookup.shape),
-                "sharding": lookup.sharding.text if lookup.sharding is not None else "",
-                "batch_dim": batch_dim,
-                "sharded_dims": split,
-                "dropped_axes": list(lost),
-                "input": indices.name,
-                "input_batch_dim": in_dim,
-                "batch_input": input_name,
-                "batch_axes": list(axes or ()),
-                "rows_factor": factor,
-            },
-        )
-        finding = with_user_variable(with_torch_source(ctx, finding, analysis.module, lookup), "h")
-        # a layout the program's logical rules give (Flax): the fix is at the rules, as for a matmul's
-        return at_flax_rules(finding, ctx.dump.run_record, spec, ctx.framework, ctx.program_files)
+                    yield boundary_finding(self, ctx, analysis, computation.name, value, found, kind)
 
     def _finding(self, ctx: RuleContext, analysis: BatchAnalysis, computation: str, dot: Instruction,
                  partitioned_name: str | None, module_paths: frozenset[str], times: int,

@@ -18,6 +18,7 @@ from hlo_doctor.program.suggest import (
     torch_spec,
     with_user_variable,
 )
+from hlo_doctor.rules._device_order import reorder_finding, reordered_inputs
 from hlo_doctor.rules._lost_rows import batch_shards, held_rows
 from hlo_doctor.rules._reshards import (
     Reshard,
@@ -66,7 +67,16 @@ class ReshardChurn(Rule):
       value through three layouts or more in a row (rows, then the
       sequence, then the features: ``A -> B -> C -> D``) with only
       elementwise and layout ops between, whether or not the value comes
-      back: every layout but the last is resharded into for nothing.
+      back: every layout but the last is resharded into for nothing;
+    * *the same split in another device order*: a data input split over
+      the same mesh axes, on the same dims, as the program's constraints on
+      the values it feeds, but listed in another order (``('fsdp', 'data')``
+      against ``('data', 'fsdp')``, as torch_xla's FSDPv2 writes its outputs
+      with ``extra_data_axis``): each device holds another device's rows, and
+      the partitioner permutes the input (a ``collective-permute`` that sends
+      every device's piece elsewhere) into the constraints' order, with every
+      other permute between the same two orders (the values made in one that
+      ops in the other read). One finding, at the input's mark.
 
     A back-and-forth that no constraint of the program drives, on a value
     that holds more rows of the batch than the input's shard (the batch
@@ -108,6 +118,10 @@ class ReshardChurn(Rule):
 
     Pick one layout for the value and constrain it the same way everywhere
     (or drop the constraint that disagrees, and let propagation choose).
+    For the same split in another order, write the input's spec in the
+    constraints' order (at its ``mark_sharding``, ``device_put``, or
+    ``in_shardings`` entry; the runner's record or the program's source says
+    where): the bytes per device are the same, only the devices change.
     The constraint is written at the line that makes the value (its
     constraint, or the op before the first reshard); a reshard carries its
     consumer's line, whose variable is another value, so when no line of
@@ -145,13 +159,17 @@ class ReshardChurn(Rule):
         if not collectives:
             return
         users_of = ctx.semantics.users
+        reorders = reordered_inputs(ctx)
+        if reorders:
+            yield reorder_finding(self, ctx, reorders)
+        reordering = {op.instruction for r in reorders for op in r.permutes}
 
         steps: dict[str, Reshard] = {}
         gathers: dict[tuple[str, str], Collective] = {}  # (computation, operand) -> all-gather
         for op in collectives:
             computation = module.computation(op.computation)
             instruction = computation.get(op.instruction) if computation is not None else None
-            if computation is None or instruction is None:
+            if computation is None or instruction is None or op.instruction in reordering:
                 continue
             if op.kind in RESHARD_COLLECTIVES:
                 step = reshard_step(op, instruction, computation, users_of(computation))
