@@ -1,13 +1,20 @@
-"""Data inputs split the same way as the program's constraints ask, in another device order.
+"""Data inputs split the same way as the step needs them, in another device order.
 
 A ``collective-permute`` in the partitioned module that sends every device's
-piece of a data input (through layout ops only) to another device, when the
-order it puts the pieces in is one a sharding constraint of the program asks
-for: the input's mark and the constraints split the same dims over the same
-mesh axes, listed in another order (``('fsdp', 'dp')`` against ``('dp',
-'fsdp')``), so each device holds another device's rows. torch_xla's FSDPv2
-marks its outputs ``(extra_data_axis, 'fsdp')``: an input marked
-``('fsdp', 'data')`` meets it so.
+piece of a data input (through ops that keep each device's rows) to another
+device, when something of the step asks for the order it puts the pieces in:
+
+* a sharding constraint of the program: the input's mark and the constraints
+  split the same dims over the same mesh axes, listed in another order
+  (``('fsdp', 'dp')`` against ``('dp', 'fsdp')``), so each device holds
+  another device's rows. torch_xla's FSDPv2 marks its outputs
+  ``(extra_data_axis, 'fsdp')``: an input marked ``('fsdp', 'data')`` meets
+  it so;
+* an all-gather of the permuted rows over the axes the new order lists last
+  (a vocab-split table's lookup gathers the ids over the table's axis): a
+  gather over some of a dim's axes takes each device's rows whole only when
+  those axes are minor, so the partitioner reorders the input first, and the
+  looked-up rows back.
 """
 
 from __future__ import annotations
@@ -45,14 +52,14 @@ DimAxes = tuple[tuple[str, ...], ...]
 
 @dataclass(frozen=True)
 class Reorder:
-    """One data input that the partitioner permutes into the order the program's constraints ask for."""
+    """One data input that the partitioner permutes into the order the step asks for."""
 
     input: Instruction
     """The partitioned module's entry parameter."""
     input_axes: DimAxes
     """The mesh axes of each of its dims, in the order its sharding lists them."""
     wanted_axes: DimAxes
-    """The same axes, in the order the constraints list them."""
+    """The same axes, in the order the permute puts them in (the constraints', or the gather's)."""
     permutes: tuple[Collective, ...]
     """The permutes of the input and of values made from it by layout ops (forward and backward), then
     the other permutes between the same two orders."""

@@ -147,7 +147,7 @@ class ReshardChurn(Rule):
     id = "reshard-churn"
     cause_rank = 10
     severity = Severity.WARNING
-    reads = frozenset({"per_device"})
+    reads = frozenset({"per_device", "sharded"})  # sharded: only when a data input is permuted
     summary = "A value is resharded back and forth (all-to-all / permute / all-gather + dynamic-slice)."
     Options = ReshardChurnOptions
 
