@@ -69,8 +69,9 @@ def boundary_finding(rule: Rule, ctx: RuleContext, analysis: BatchAnalysis, comp
             "value is"
         )
     if traffic:
-        message += (f"; {len(traffic)} activation collectives over {axes_text(lost)} follow "
-                    f"(e.g. {traffic[0].facts.instruction})")
+        # counted in the whole step (the partitioned names cannot be tied to this value in a worker)
+        message += (f"; the step moves activations over {axes_text(lost)} in {len(traffic)} collective"
+                    f"{'s' if len(traffic) > 1 else ''} (e.g. {traffic[0].facts.instruction})")
     summary += (
         f": each device then computes on its own rows, and the partitioner gathers the weights' features over "
         f"{axes_text(lost)} instead (FSDP's weight all-gathers, about the weights' bytes per step) of moving "
