@@ -27,7 +27,7 @@ from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.cli import main
 from hlo_doctor.dump import load_dump
 from hlo_doctor.examples.registry import local_program_file
-from hlo_doctor.program.suggest import assigned_name
+from hlo_doctor.program.suggest import assigned_name, called_on
 from hlo_doctor.program.terms import FRAMEWORK_NAMES, PLACEHOLDER, code_names, program_names
 from hlo_doctor.testing import builtin_rule_ids
 
@@ -87,7 +87,10 @@ def test_plain_dump_fixes_constrain_the_lines_own_variable(folder, plain_reports
     for finding in plain_reports[folder].findings:
         if finding.rule not in _VALUE_RULES or finding.source is None:
             continue
+        # the variable the line assigns, or the one a mark_sharding statement on it marks
         variable = assigned_name(finding.source.file, finding.source.line)
+        if variable is None and "mark_sharding(" in _statement_text(finding.source.file, finding.source.line):
+            variable = called_on(finding.source.file, finding.source.line)
         # a constraint first in a function the program defines (a scan's body: the carry is its parameter)
         parameters = {e.target for e in finding.suggestion.edits if e.kind == "constrain"
                       and e.details.get("position") == "function-start"} if finding.suggestion else set()

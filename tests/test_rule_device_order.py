@@ -63,17 +63,16 @@ def test_the_input_in_the_constraints_order_is_silent(variant, per_host):
 
 @pytest.mark.parametrize("variant", ("jax-gspmd-bad", "torch_xla-bad"))
 def test_a_plain_dump_still_finds_it(variant, tmp_path):
-    """No runner record: JAX finds the input's spec in the source; torch_xla's marks are not recorded
-    in the dump, so the code keeps a visible placeholder and there is no edit."""
+    """No runner record: the input's spec is found in the program's source (JAX: the argument's
+    ShapeDtypeStruct; torch_xla: the one mark_sharding that writes the input's spec)."""
     shutil.copytree(FIXTURES / variant, tmp_path / "dump")
     (tmp_path / "dump" / "hlo_doctor_run.json").unlink()
     (finding,) = [f for f in analyze_dump(tmp_path / "dump", devices_per_host=4).findings if f.rule == CHURN]
     assert finding.evidence["pattern"] == "device-order"
-    if variant.startswith("jax"):
-        assert finding.suggestion.edits and finding.suggestion.edits[0].spec[0] == ("data", "fsdp")
-    else:
-        assert not finding.suggestion.edits and finding.suggestion.no_edit
-        assert "<activation>" in finding.suggestion.torch_xla
+    (edit,) = finding.suggestion.edits
+    assert edit.spec[0] == ("data", "fsdp") and edit.old_spec[0] == ("fsdp", "data")
+    if variant.startswith("torch"):
+        assert "xs.mark_sharding(x, mesh, (('data', 'fsdp'), None))" in finding.suggestion.torch_xla
 
 
 def test_an_order_no_constraint_asks_for_is_the_partitioners_own(tmp_path):

@@ -107,6 +107,23 @@ def spec_site(path: str | None, line: int, old_spec: Spec) -> SpecSite | None:
     return _unique(tree, argument, line, old_spec, path)
 
 
+def marks_writing(path: str | None, old_spec: Spec) -> list[tuple[int, str]]:
+    """Every ``mark_sharding(name, mesh, spec)`` of the program whose spec literal (followed through
+    names) writes ``old_spec``: (its line, the variable it marks). A dump made without the runner
+    records no mark of an input; the program's source does."""
+    tree = parsed_program(path)
+    if tree is None:
+        return []
+    found = []
+    for call in (c for c in ast.walk(tree) if isinstance(c, ast.Call) and call_name(c) == "mark_sharding"):
+        first = call.args[0] if call.args else None
+        argument = _sharding_argument(call)
+        if isinstance(first, ast.Name) and argument is not None \
+                and _unique(tree, argument, call.lineno, old_spec, path) is not None:
+            found.append((call.lineno, first.id))
+    return found
+
+
 def _sharding_call(tree: ast.Module, line: int) -> ast.Call | None:
     """The one outermost sharding call on ``line`` (``with_sharding_constraint(x, NamedSharding(...))``
     is one call: the NamedSharding inside it is its argument)."""

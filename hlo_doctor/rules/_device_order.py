@@ -31,6 +31,7 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Shape, Shardi
 from hlo_doctor.program.records import user_line
 from hlo_doctor.program.spec_sites import (
     argument_line,
+    marks_writing,
     normalize,
     parameter_spec_site,
     parse_spec_text,
@@ -410,6 +411,17 @@ def _input_mark_edits(ctx: RuleContext, reorders: list[Reorder], spec: list
                 "respec", "jax", spec=spec_tuple(spec), old_spec=old, file=ctx.program_path, line=site.line))
             # the line that makes the argument (its spec may be written on another)
             first = first or (ctx.program_path, argument_line(ctx.program_path, argument) or site.line)
+    if not edits and unwritable is None and ctx.framework == "torch_xla":
+        # a dump made without the runner: the program's own marks that write the input's spec
+        for reorder in reorders:
+            old = tuple(axes or None for axes in reorder.input_axes)
+            for path in ctx.program_files:
+                for line, _ in marks_writing(path, old):
+                    site = spec_site(path, line, old)
+                    if site is not None:
+                        edits.setdefault((path, site.line), SourceEdit(
+                            "respec", "torch_xla", spec=spec_tuple(spec), old_spec=old, file=path, line=site.line))
+                        first = first or (path, line)
     if edits:
         return tuple(edits.values()), None, first
     if unwritable is not None:
