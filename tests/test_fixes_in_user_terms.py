@@ -18,6 +18,7 @@ import pytest
 from hlo_doctor.analysis import analyze_dump
 from hlo_doctor.dump import load_dump
 from hlo_doctor.program.suggest import assigned_name
+from hlo_doctor.program.terms import PLACEHOLDER
 from hlo_doctor.rules.context import AnalysisOptions, RuleContext
 from hlo_doctor.testing import builtin_rule_ids
 
@@ -53,6 +54,8 @@ def test_fixes_use_the_variable_and_the_mesh_of_the_program(folder):
                     assert value == variable, (finding.rule, source, code)
                 if names is not None:
                     assert _axes(spec) <= set(names), (spec, names)
+                if PLACEHOLDER.fullmatch(target):
+                    continue  # a value no line of the program names: a visible placeholder, not code yet
                 ast.parse(code)  # pasteable Python
             for value, spec in _MARK.findall(code):
                 if finding.rule in ("non-batch-dim-sharding", "activation-all-gather") and variable:
@@ -232,3 +235,14 @@ def test_different_lines_with_their_own_constraint_stay_apart():
     """Two constraints on two lines are two fixes: the seed's bad fixture keeps its own finding per line."""
     report = analyze_dump(FIXTURES / "fsdp-activation-gather" / "jax-gspmd-bad", select=builtin_rule_ids())
     assert all("same_fix" not in f.evidence for f in report.findings)
+
+
+@pytest.mark.parametrize("folder", ["embedding-lost-batch/jax-gspmd-bad", "scan-carry-features/jax-gspmd-bad"])
+def test_a_value_no_line_names_is_a_visible_placeholder(folder):
+    """GSPMD's scan body gathers the carry with no metadata: no line of the program, so no variable to
+    name. The code writes <activation>, never a made-up name, and says why there is no edit."""
+    (finding,) = analyze_dump(FIXTURES / folder, select=builtin_rule_ids()).findings
+    assert finding.source is None
+    for code in (finding.suggestion.jax, finding.suggestion.torch_xla):
+        assert "<activation>" in code and not re.search(r"\bh\b", code), code
+    assert not finding.suggestion.edits and "no variable to name" in finding.suggestion.no_edit

@@ -178,19 +178,24 @@ def with_user_variable(finding, placeholder: str = "h"):  # noqa: ANN001, ANN201
     """``finding`` with its suggested code written for the variable its source line assigns.
 
     The rules write a constraint for ``placeholder``; the user's line (``out = x @ w1.T + b1``)
-    names the value. When the line assigns nothing (``return self.fc2(h)``), the code keeps
-    ``placeholder`` and the summary says to bind the line's result to it.
+    names the value. When the line assigns nothing (``return self.fc2(h)``), or the dump records no
+    line of the user's code, the code writes the visible placeholder ``<activation>`` (never a
+    made-up name) and the summary says to bind the line's result to a variable.
     """
     suggestion, source = finding.suggestion, finding.source
     if suggestion is None:
         return finding
-    if source is None:  # a constraint needs the line that makes the value
+    if source is None:  # a constraint needs the line that makes the value, and the line names it
         edits = tuple(e for e in suggestion.edits if not (e.kind == "constrain" and e.file is None))
-        if len(edits) == len(suggestion.edits):
+        jax_code = rename_value(suggestion.jax, placeholder, "<activation>")
+        torch_code = rename_value(suggestion.torch_xla, placeholder, "<activation>")
+        if len(edits) == len(suggestion.edits) and (jax_code, torch_code) == (suggestion.jax, suggestion.torch_xla):
             return finding
+        no_edit = suggestion.no_edit if len(edits) == len(suggestion.edits) else (
+            "the dump records no line of your code for this op, so there is no line to constrain it at, and no "
+            "variable to name (the code writes <activation>)")
         return dataclasses.replace(finding, suggestion=dataclasses.replace(
-            suggestion, edits=edits,
-            no_edit="the dump records no line of your code for this op, so there is no line to constrain it at"))
+            suggestion, edits=edits, jax=jax_code, torch_xla=torch_code, no_edit=no_edit))
     name = assigned_name(source.file, source.line)
     mesh = mesh_expression(source.file, source.line)
     if name is None:  # the line names no value: the code says so with a placeholder, never a made-up name
