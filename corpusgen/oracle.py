@@ -353,7 +353,9 @@ class _Labeller:
     def label(self, instr: Instr) -> LabelledCollective:
         kind = instr.opcode.removesuffix("-start")
         phase = self.phase(instr)
-        role, why = self._role(instr, kind, phase)
+        data = bool(self.derived(instr) & self.data_mask)
+        gradient = data and phase != "forward" and self.is_gradient(instr)
+        role, why = self._role(instr, kind, data, gradient)
         groups = groups_of(instr, self.device_count)
         at = self.mesh_index_of
         in_mesh = [[at[p] for p in g if p < len(at)] for g in groups] if at else groups
@@ -363,14 +365,12 @@ class _Labeller:
             ids, per_host = self.device_ids, self.devices_per_host
             crosses = any(len({ids[p] // per_host for p in g if p < len(ids)}) > 1 for g in groups)
         return LabelledCollective(instr.name, instr.computation, kind, role, phase, why, axes, crosses,
-                                  self._moves(instr, phase), instr.op_name.rsplit("/", 1)[-1] or None)
+                                  "gradient" if gradient else "activation" if data else "weight",
+                                  instr.op_name.rsplit("/", 1)[-1] or None)
 
-    def _moves(self, instr: Instr, phase: str) -> str:
-        if not self.derived(instr) & self.data_mask:
-            return "weight"
-        return "gradient" if phase != "forward" and self.is_gradient(instr) else "activation"
-
-    def _role(self, instr: Instr, kind: str, phase: str) -> tuple[str, str]:
+    def _role(self, instr: Instr, kind: str, data: bool, gradient: bool) -> tuple[str, str]:
+        """``data``: the operand derives from the data inputs; ``gradient``: it is also a gradient
+        (past the forward pass, reaching an update elementwise)."""
         operand = self.module.by_name.get((instr.computation, instr.operands[0])) if instr.operands else None
         element_type = operand.element_type if operand is not None else instr.element_type
         elements = operand.elements if operand is not None else instr.elements
@@ -378,14 +378,11 @@ class _Labeller:
             return "other", "a broadcast"
         if all(len(set(g)) <= 1 for g in groups_of(instr, self.device_count)):
             return "other", "every group is one device"
-        bits = self.derived(instr)
-        data = bool(bits & self.data_mask)
         if _INTEGER.match(element_type or ""):
             if kind in ("all-reduce", "reduce-scatter") and elements <= SCALAR_ELEMENTS:
                 return "scalar-reduce", "an integer count"
             return "index-gather", "integer or boolean data"
         reducing = kind in ("all-reduce", "reduce-scatter")
-        gradient = data and phase != "forward" and self.is_gradient(instr)
         if reducing and elements == 1 and not gradient:
             return "scalar-reduce", "one element: a loss, metric or norm"
         scoped = self.scope(instr)

@@ -107,20 +107,20 @@ def spec_site(path: str | None, line: int, old_spec: Spec) -> SpecSite | None:
     return _unique(tree, argument, line, old_spec, path)
 
 
-def marks_writing(path: str | None, old_spec: Spec) -> list[tuple[int, str]]:
+def marks_writing(path: str | None, old_spec: Spec) -> list[tuple[int, SpecSite]]:
     """Every ``mark_sharding(name, mesh, spec)`` of the program whose spec literal (followed through
-    names) writes ``old_spec``: (its line, the variable it marks). A dump made without the runner
-    records no mark of an input; the program's source does."""
+    names) writes ``old_spec``: (the call's line, the literal's :class:`SpecSite`). A dump made without
+    the runner records no mark of an input; the program's source does."""
     tree = parsed_program(path)
     if tree is None:
         return []
     found = []
     for call in (c for c in ast.walk(tree) if isinstance(c, ast.Call) and call_name(c) == "mark_sharding"):
-        first = call.args[0] if call.args else None
         argument = _sharding_argument(call)
-        if isinstance(first, ast.Name) and argument is not None \
-                and _unique(tree, argument, call.lineno, old_spec, path) is not None:
-            found.append((call.lineno, first.id))
+        site = _unique(tree, argument, call.lineno, old_spec, path) \
+            if call.args and isinstance(call.args[0], ast.Name) and argument is not None else None
+        if site is not None:
+            found.append((call.lineno, site))
     return found
 
 

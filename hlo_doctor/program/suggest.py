@@ -140,9 +140,8 @@ def scan_carry(path: str | None, line: int | None) -> tuple[str, str, int] | Non
         return None
     body = calls[0].args[0].id  # type: ignore[attr-defined]
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == body]
-    if len(defs) != 1 or not (defs[0].args.posonlyargs + defs[0].args.args):
-        return None
-    return body, (defs[0].args.posonlyargs + defs[0].args.args)[0].arg, defs[0].lineno
+    parameters = defs[0].args.posonlyargs + defs[0].args.args if len(defs) == 1 else []
+    return (body, parameters[0].arg, defs[0].lineno) if parameters else None
 
 
 def assigned_name(path: str | None, line: int | None) -> str | None:

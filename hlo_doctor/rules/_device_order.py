@@ -44,6 +44,7 @@ from hlo_doctor.rules._program_layouts import program_constraints
 from hlo_doctor.rules.base import Finding, Rule, SourceRef, Suggestion
 from hlo_doctor.rules.context import RuleContext, short_path
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
+from hlo_doctor.semantics.opclasses import LAYOUT_ONLY
 from hlo_doctor.units import format_bytes
 
 __all__ = ["Reorder", "reorder_finding", "reordered_inputs"]
@@ -191,14 +192,14 @@ def _trailing(axes: tuple[str, ...], gathered: tuple[str, ...]) -> bool:
     return len(gathered) < len(axes) and axes[len(axes) - len(gathered):] == tuple(gathered)
 
 
-_CARRIES = frozenset({"reshape", "transpose", "bitcast", "convert", "copy"})
+_CARRIES = LAYOUT_ONLY | {"convert"}
 # Elementwise ops keep each device's rows: an index clamped into the table (JAX writes ``select(lt(i, 0),
 # i + n, i)``) is still the input's rows, on the same devices.
 _ELEMENTWISE = frozenset({"select", "add", "subtract", "multiply", "compare", "clamp", "maximum", "minimum",
                           "and", "or", "not", "negate", "abs"})
 
 
-def _source(computation: Computation, name: str, data: frozenset[int] | set[int] = frozenset()) -> Instruction:
+def _source(computation: Computation, name: str, data: frozenset[int] | set[int]) -> Instruction:
     """What ``name`` is made from through ops that keep each device's rows (layout ops, a convert, and
     elementwise ops, followed to an operand that comes from a data input): the data input when found."""
     node = computation.get(name)
@@ -367,11 +368,9 @@ def _axes(axes: tuple[str, ...]) -> str:
 
 
 def _global_shape(ctx: RuleContext, param: Instruction) -> Shape:
-    """The input's shape as the program wrote it (the propagated module's parameter of that number)."""
-    module = ctx.sharded
-    entry = module.entry if module is not None else None
-    found = next((p for p in entry.parameters() if p.parameter_number == param.parameter_number), None) if entry else None
-    return found.shape if found is not None else param.shape
+    """The input's shape as the program wrote it (:attr:`RuleContext.global_parameter_shapes`)."""
+    shapes, number = ctx.global_parameter_shapes, param.parameter_number
+    return shapes[number] if shapes is not None and number is not None and number < len(shapes) else param.shape
 
 
 def _input_mark_edits(ctx: RuleContext, reorders: list[Reorder], spec: list
@@ -416,12 +415,10 @@ def _input_mark_edits(ctx: RuleContext, reorders: list[Reorder], spec: list
         for reorder in reorders:
             old = tuple(axes or None for axes in reorder.input_axes)
             for path in ctx.program_files:
-                for line, _ in marks_writing(path, old):
-                    site = spec_site(path, line, old)
-                    if site is not None:
-                        edits.setdefault((path, site.line), SourceEdit(
-                            "respec", "torch_xla", spec=spec_tuple(spec), old_spec=old, file=path, line=site.line))
-                        first = first or (path, line)
+                for line, site in marks_writing(path, old):
+                    edits.setdefault((path, site.line), SourceEdit(
+                        "respec", "torch_xla", spec=spec_tuple(spec), old_spec=old, file=path, line=site.line))
+                    first = first or (path, line)
     if edits:
         return tuple(edits.values()), None, first
     if unwritable is not None:

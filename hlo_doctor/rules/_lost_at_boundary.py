@@ -12,17 +12,14 @@ from hlo_doctor.hlo.ir import Instruction
 from hlo_doctor.program.library_levers import at_flax_rules
 from hlo_doctor.program.suggest import constraint_code, constraint_edit, rename_value, scan_carry, with_user_variable
 from hlo_doctor.rules._batch import BatchAnalysis, axes_text, batch_axes, parameter_name, with_torch_source
-from hlo_doctor.rules._program_layouts import axes_per_dim
+from hlo_doctor.rules._program_layouts import LostBatch, axes_per_dim
 from hlo_doctor.rules.base import Finding, Rule, Suggestion
 from hlo_doctor.rules.context import RuleContext
 
 __all__ = ["boundary_finding"]
 
-Lost = tuple[int, int, list[int], Instruction, int, frozenset[str]]
-
-
 def boundary_finding(rule: Rule, ctx: RuleContext, analysis: BatchAnalysis, computation: str, value: Instruction,
-                     found: Lost, kind: str) -> Finding:
+                     found: LostBatch, kind: str) -> Finding:
     """The finding for a lookup (``kind`` "lookup") or a loop's carry ("carry") that drops batch axes."""
     batch_dim, param, split, source, in_dim, dropped = found
     mesh = ctx.mesh

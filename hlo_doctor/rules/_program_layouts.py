@@ -26,8 +26,8 @@ from hlo_doctor.hlo.ir import Computation, HloModule, Instruction, Sharding, Sha
 from hlo_doctor.program.records import sharding_call_of
 from hlo_doctor.semantics.batch_dims import BatchAnalysis
 
-__all__ = ["BatchMove", "batch_move", "constraint_layouts", "dot_losing_batch", "is_program_constraint", "lookup_losing_batch",
-           "program_constraints", "requested_batch_moves", "tiles"]
+__all__ = ["BatchMove", "LostBatch", "batch_move", "carry_losing_batch", "constraint_layouts", "dot_losing_batch",
+           "is_program_constraint", "lookup_losing_batch", "program_constraints", "requested_batch_moves", "tiles"]
 
 BatchMove = tuple[frozenset[str], bool]
 """The batch input's axes that sit on other dims of a value, and whether one of those dims is a feature dim."""
@@ -182,8 +182,13 @@ def tiles(sharding: Sharding | None, rank: int) -> tuple[int, ...] | None:
         return None
 
 
+# Where a value loses batch axes: (its batch dim, the batch input's parameter number, the dims split over
+# the dropped axes, the value that brings the batch in, its batch dim, the dropped axes).
+LostBatch = tuple[int, int, list[int], Instruction, int, frozenset[str]]
+
+
 def lookup_losing_batch(analysis: BatchAnalysis, computation: str, lookup: Instruction, mesh: Mesh
-                        ) -> tuple[int, int, list[int], Instruction, int, frozenset[str]] | None:
+                        ) -> LostBatch | None:
     """An embedding lookup (a ``gather`` from a table by batch-derived indices) of the propagated module
     that loses the batch from some axes: its result splits a batch dim over fewer axes than its indices
     bring it in on, and another dim over the axes it dropped (propagation followed the table's sharding).
@@ -199,7 +204,7 @@ def lookup_losing_batch(analysis: BatchAnalysis, computation: str, lookup: Instr
 
 
 def carry_losing_batch(analysis: BatchAnalysis, computation: Computation, carry: Instruction, mesh: Mesh
-                       ) -> tuple[int, int, list[int], Instruction, int, frozenset[str]] | None:
+                       ) -> LostBatch | None:
     """A loop's carry (a ``get-tuple-element`` of a ``while``) that loses the batch from some axes: it
     splits a batch dim over fewer axes than its initial value (that element of the loop's input tuple)
     brings it in on, and another dim over the axes it dropped (propagation took the carry's layout from
@@ -219,7 +224,7 @@ def carry_losing_batch(analysis: BatchAnalysis, computation: Computation, carry:
 
 
 def _dropping(analysis: BatchAnalysis, computation: str, value: Instruction, source: Instruction, mesh: Mesh
-              ) -> tuple[int, int, list[int], Instruction, int, frozenset[str]] | None:
+              ) -> LostBatch | None:
     """Where ``value`` splits a batch dim of ``source`` over fewer axes than ``source`` does, and another
     dim over the axes it dropped."""
     out = axes_per_dim(value, mesh)
